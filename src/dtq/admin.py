@@ -1,0 +1,151 @@
+"""Operator state changes: cancel, expire (and the expiry sweep).
+
+Each is one Lua script; this module finds the keys a script needs (a task's queue, priority
+and idempotency key decide its stream and record) and maps replies to dtq errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from dtq import keys
+from dtq.errors import (
+    InvalidTransitionError,
+    TaskNotFoundError,
+    TaskRunningError,
+    TaskTerminalError,
+)
+from dtq.models import TaskStatus
+from dtq.scripts import Call
+from dtq.store import Store, new_id
+
+__all__ = ["cancel", "expire", "sweep_expired", "task_keys"]
+
+SWEEP_BATCH = 100
+
+
+async def task_keys(store: Store, task_ids: Sequence[str]) -> list[tuple[str, int, str] | None]:
+    """(queue, priority, idempotency_key) of each task, None where the hash is gone."""
+    pipe = store.redis.pipeline(transaction=False)
+    for tid in task_ids:
+        pipe.hmget(keys.task(tid), "queue", "priority", "idempotency_key")
+    out: list[tuple[str, int, str] | None] = []
+    for q, p, k in await pipe.execute():
+        out.append(None if q is None else (q, int(p), k or ""))
+    return out
+
+
+def _cancel_call(store: Store, task_id: str, where: tuple[str, int, str], reason: str) -> Call:
+    queue, priority, idem = where
+    s = store.settings
+    return (
+        "cancel",
+        [
+            keys.task(task_id),
+            keys.history(task_id),
+            keys.RETRY_SCHEDULE,
+            keys.RETRY_CLAIMED,
+            keys.EXPIRY,
+            keys.stream(queue, priority),
+            keys.CANCELLED,
+            keys.idempotency(queue, idem),
+        ],
+        [task_id, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, new_id(), reason],
+    )
+
+
+async def cancel(store: Store, task_id: str, *, reason: str = "cancel") -> str:
+    """Cancel a task; returns the status it was cancelled from.
+
+    Raises TaskRunningError (cancellation requested), TaskTerminalError, TaskNotFoundError.
+    """
+    where = (await task_keys(store, [task_id]))[0]
+    if where is None:
+        raise TaskNotFoundError(f"task {task_id} not found", task_id=task_id)
+    reply = await store.scripts.call(store.redis, *_cancel_call(store, task_id, where, reason))
+    return _cancel_reply(task_id, reply)
+
+
+def _cancel_reply(task_id: str, reply: list[Any]) -> str:
+    kind = reply[0]
+    if kind == "cancelled":
+        return str(reply[1])
+    if kind == "requested":
+        raise TaskRunningError(
+            f"task {task_id} is running: cancellation requested, the worker stops it",
+            task_id=task_id,
+            status=TaskStatus.RUNNING.value,
+        )
+    if reply[1] == "NOT_FOUND":
+        raise TaskNotFoundError(f"task {task_id} not found", task_id=task_id)
+    raise TaskTerminalError(
+        f"task {task_id} is already {reply[2]}: a finished task cannot be cancelled",
+        task_id=task_id,
+        status=reply[2],
+    )
+
+
+def _expire_call(store: Store, task_id: str, where: tuple[str, int, str], mode: str) -> Call:
+    queue, priority, idem = where
+    s = store.settings
+    return (
+        "expire",
+        [
+            keys.task(task_id),
+            keys.history(task_id),
+            keys.RETRY_SCHEDULE,
+            keys.RETRY_CLAIMED,
+            keys.EXPIRY,
+            keys.stream(queue, priority),
+            keys.idempotency(queue, idem),
+        ],
+        [task_id, mode, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, new_id()],
+    )
+
+
+async def expire(store: Store, task_id: str) -> str:
+    """Mark a not-started task EXPIRED now; returns the status it expired from."""
+    where = (await task_keys(store, [task_id]))[0]
+    if where is None:
+        raise TaskNotFoundError(f"task {task_id} not found", task_id=task_id)
+    reply = await store.scripts.call(store.redis, *_expire_call(store, task_id, where, "manual"))
+    if reply[0] == "expired":
+        return str(reply[1])
+    if reply[1] == "NOT_FOUND":
+        raise TaskNotFoundError(f"task {task_id} not found", task_id=task_id)
+    status = reply[2]
+    raise InvalidTransitionError(
+        f"task {task_id} is {status}: only a task that has not started "
+        "(pending, queued, retrying) can be marked expired",
+        task_id=task_id,
+        status=status,
+    )
+
+
+async def sweep_expired(store: Store, now_ms: int, limit: int = SWEEP_BATCH) -> list[str]:
+    """Expire up to ``limit`` tasks whose deadline is due on the Redis clock; returns their ids.
+
+    The expire script re-checks each one on the server, so a task that started or was
+    extended in between is left alone.
+    """
+    due = cast(list[str], await store.redis.zrangebyscore(keys.EXPIRY, "-inf", now_ms, 0, limit))
+    if not due:
+        return []
+    calls: list[Call] = []
+    gone: list[str] = []
+    for tid, where in zip(due, await task_keys(store, due), strict=True):
+        if where is None:
+            gone.append(tid)
+        else:
+            calls.append(_expire_call(store, tid, where, "sweep"))
+    if gone:
+        await store.redis.zrem(keys.EXPIRY, *gone)
+    replies = await store.scripts.call_many(store.redis, calls)
+    expired = []
+    for call, reply in zip(calls, replies, strict=True):
+        if isinstance(reply, Exception):
+            raise reply
+        if reply[0] == "expired":
+            expired.append(str(call[2][0]))
+    return expired

@@ -1,0 +1,127 @@
+"""Settings: every ``DTQ_*`` variable, validated once at start (contract section 10).
+
+``Settings`` is built by an entry point (``load_settings``) and passed down; nothing reads the
+environment at import time. An invalid value raises :class:`dtq.errors.ConfigError` whose
+message is one line naming the variable, the value and the rule.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Self
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from dtq.errors import ConfigError
+
+__all__ = ["MAX_TIMEOUT_MS", "Settings", "load_settings"]
+
+MAX_TIMEOUT_MS = 3_600_000
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class Settings(BaseSettings):
+    """All of dtq's settings with the contract's defaults. Durations carry their unit."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DTQ_", extra="ignore", frozen=True, validate_default=True
+    )
+
+    redis_url: str = "redis://localhost:6379/0"
+    api_host: str = "0.0.0.0"  # noqa: S104 - the contract's default; containers listen on all
+    api_port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    ws_path: str = "/ws/events"
+    worker_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 4
+    worker_id: str = ""
+    worker_metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9100
+    visibility_timeout_s: Annotated[float, Field(gt=0)] = 30
+    heartbeat_interval_s: Annotated[float, Field(gt=0)] = 5
+    max_queue_depth: PositiveInt = 10_000
+    max_payload_bytes: PositiveInt = 262_144
+    task_timeout_ms: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_MS)] = 30_000
+    max_attempts: Annotated[int, Field(ge=1, le=1000)] = 10
+    retry_base_delay: Annotated[float, Field(ge=0)] = 1.0
+    retry_max_delay: Annotated[float, Field(ge=0)] = 60.0
+    retry_jitter: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    task_retention_s: PositiveInt = 604_800
+    result_retention_s: PositiveInt = 3_600
+    result_max_bytes: Annotated[int, Field(ge=0)] = 8_192
+    idem_ttl_s: PositiveInt = 86_400
+    drain_timeout_s: Annotated[float, Field(ge=0)] = 30
+    dlq_enabled: bool = True
+    dlq_maxlen: PositiveInt = 10_000
+    api_key: str = ""
+    log_level: str = "INFO"
+    log_json: bool = False
+    task_modules: str = "examples.tasks"
+    near_expiration_s: PositiveInt = 60
+    # Intervals of the worker's loops; production defaults, shrunk by tests.
+    scheduler_interval_s: Annotated[float, Field(gt=0, le=60)] = 0.5
+    reaper_interval_s: Annotated[float, Field(gt=0, le=600)] = 5.0
+    claim_stale_s: Annotated[float, Field(gt=0)] = 60.0
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @field_validator("ws_path")
+    @classmethod
+    def _ws_path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with /")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        upper = value.upper()
+        if upper not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        return upper
+
+    @field_validator("worker_id")
+    @classmethod
+    def _worker_id(cls, value: str) -> str:
+        if value and (len(value) > 64 or not value.replace("-", "").replace("_", "").isalnum()):
+            raise ValueError("must be at most 64 letters, digits, '-' or '_'")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> Self:
+        if self.heartbeat_interval_s >= self.visibility_timeout_s:
+            raise ValueError(
+                "DTQ_HEARTBEAT_INTERVAL_S must be below DTQ_VISIBILITY_TIMEOUT_S "
+                f"({self.heartbeat_interval_s} >= {self.visibility_timeout_s})"
+            )
+        if self.retry_base_delay > self.retry_max_delay:
+            raise ValueError(
+                "DTQ_RETRY_BASE_DELAY must not exceed DTQ_RETRY_MAX_DELAY "
+                f"({self.retry_base_delay} > {self.retry_max_delay})"
+            )
+        return self
+
+    @property
+    def task_module_list(self) -> list[str]:
+        return [m.strip() for m in self.task_modules.split(",") if m.strip()]
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build the settings from the environment (and overrides); one-line ConfigError if invalid."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from None
+
+
+def _one_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = err.get("loc") or ()
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    if not loc:  # a cross-field rule: its message names the variables already
+        return f"invalid configuration: {msg}"
+    name = "DTQ_" + str(loc[0]).upper()
+    return f"invalid configuration: {name}={err.get('input')!r}: {msg}"

@@ -1,0 +1,110 @@
+"""Every error dtq raises on purpose.
+
+The tree is shallow; the API and the CLI map each leaf to one error code (``code``)::
+
+    DtqError
+    ├── ConfigError                   invalid DTQ_* setting            (CLI exit 2)
+    ├── InvalidTaskError              INVALID_TASK         400         (CLI exit 2)
+    │   ├── UnknownTaskTypeError      UNKNOWN_TASK_TYPE    400
+    │   └── PayloadTooLargeError      PAYLOAD_TOO_LARGE    413
+    ├── QueueFullError                QUEUE_FULL           429 + Retry-After
+    ├── IdempotencyInProgressError    IDEMPOTENCY_IN_PROGRESS 409
+    ├── TaskNotFoundError             TASK_NOT_FOUND       404
+    ├── InvalidTransitionError        INVALID_TRANSITION   409
+    │   ├── TaskRunningError          TASK_RUNNING         409  (cancel requested)
+    │   └── TaskTerminalError         TASK_TERMINAL        410
+    ├── NotInDeadLetterError          NOT_IN_DLQ           404
+    └── RedisUnavailableError         REDIS_UNAVAILABLE    503         (CLI exit 1)
+
+Handler-side errors (``RetryableError``, ``PermanentError``, ``RescheduleError``) are part of
+the handler contract and live in :mod:`dtq_tasks`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "DtqError",
+    "IdempotencyInProgressError",
+    "InvalidTaskError",
+    "InvalidTransitionError",
+    "NotInDeadLetterError",
+    "PayloadTooLargeError",
+    "QueueFullError",
+    "RedisUnavailableError",
+    "TaskNotFoundError",
+    "TaskRunningError",
+    "TaskTerminalError",
+    "UnknownTaskTypeError",
+]
+
+
+class DtqError(Exception):
+    """Root of every dtq error. ``code`` is the stable error code the API and CLI show."""
+
+    code = "DTQ_ERROR"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details
+
+
+class ConfigError(DtqError):
+    code = "CONFIG_ERROR"
+
+
+class InvalidTaskError(DtqError):
+    code = "INVALID_TASK"
+
+
+class UnknownTaskTypeError(InvalidTaskError):
+    code = "UNKNOWN_TASK_TYPE"
+
+
+class PayloadTooLargeError(InvalidTaskError):
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class QueueFullError(DtqError):
+    """The queue's depth reached DTQ_MAX_QUEUE_DEPTH. ``retry_after_s`` is a hint for callers."""
+
+    code = "QUEUE_FULL"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1, **details: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **details)
+        self.retry_after_s = retry_after_s
+
+
+class IdempotencyInProgressError(DtqError):
+    code = "IDEMPOTENCY_IN_PROGRESS"
+
+
+class TaskNotFoundError(DtqError):
+    code = "TASK_NOT_FOUND"
+
+
+class InvalidTransitionError(DtqError):
+    """The task's current status does not allow the operation; ``details['status']`` names it."""
+
+    code = "INVALID_TRANSITION"
+
+
+class TaskRunningError(InvalidTransitionError):
+    """Cancel of a running task: cancellation was requested, the worker stops it."""
+
+    code = "TASK_RUNNING"
+
+
+class TaskTerminalError(InvalidTransitionError):
+    code = "TASK_TERMINAL"
+
+
+class NotInDeadLetterError(DtqError):
+    code = "NOT_IN_DLQ"
+
+
+class RedisUnavailableError(DtqError):
+    code = "REDIS_UNAVAILABLE"

@@ -1,0 +1,87 @@
+"""Every Redis key and channel name dtq uses; nowhere else writes ``"dtq:"``.
+
+The names are the contract's (section 2) plus the deliberate extensions of DESIGN 6 and 7;
+``docs/redis-schema.md`` describes each one.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AUDIT",
+    "CANCELLED",
+    "CONSUMER_GROUP",
+    "DEAD_LETTER",
+    "EVENTS",
+    "EXPIRY",
+    "PRIORITIES",
+    "RECENT",
+    "RETRY_CLAIMED",
+    "RETRY_SCHEDULE",
+    "SCHEDULER_LOCK",
+    "WORKERS",
+    "history",
+    "idempotency",
+    "queue_paused",
+    "queue_streams",
+    "result",
+    "stream",
+    "stream_queue",
+    "task",
+    "worker",
+]
+
+PREFIX = "dtq:"
+CONSUMER_GROUP = "workers"
+PRIORITIES = tuple(range(9, -1, -1))  # strict order of reading: p9 first
+
+DEAD_LETTER = "dtq:stream:dead-letter"
+AUDIT = "dtq:stream:audit"
+RETRY_SCHEDULE = "dtq:retry:schedule"
+RETRY_CLAIMED = "dtq:retry:claimed"
+WORKERS = "dtq:workers"
+CANCELLED = "dtq:cancelled"
+RECENT = "dtq:tasks:recent"
+SCHEDULER_LOCK = "dtq:lock:scheduler"
+EXPIRY = "dtq:expiry"  # deliberate extension (DESIGN 6)
+EVENTS = "dtq:events"  # pub/sub channel, not a key
+QUEUES = "dtq:queues"  # deliberate extension: set of queue names ever submitted to
+
+
+def stream(queue: str, priority: int) -> str:
+    return f"dtq:stream:{queue}:p{priority}"
+
+
+def queue_streams(queue: str) -> list[str]:
+    """The queue's ten streams, p9 first (the order workers read them in)."""
+    return [f"dtq:stream:{queue}:p{p}" for p in PRIORITIES]
+
+
+def stream_queue(stream_key: str) -> tuple[str, int]:
+    """Inverse of :func:`stream`: ``dtq:stream:<queue>:p<N>`` -> (queue, N)."""
+    _, _, queue, band = stream_key.split(":")
+    return queue, int(band[1:])
+
+
+def task(task_id: str) -> str:
+    return f"dtq:task:{task_id}"
+
+
+def history(task_id: str) -> str:
+    return f"dtq:task:{task_id}:history"
+
+
+def result(task_id: str) -> str:
+    return f"dtq:result:{task_id}"
+
+
+def idempotency(queue: str, key: str | None) -> str:
+    """The idempotency record's key; a task without a key gets a placeholder never written."""
+    return f"dtq:idempotency:{queue}:{key}" if key else "dtq:idempotency:-"
+
+
+def worker(worker_id: str) -> str:
+    return f"dtq:worker:{worker_id}"
+
+
+def queue_paused(queue: str) -> str:
+    return f"dtq:queue:{queue}:paused"

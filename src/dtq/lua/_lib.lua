@@ -1,0 +1,72 @@
+-- _lib.lua: helpers prepended to every dtq script by dtq/scripts.py (not a script of its own).
+-- Nothing here touches a key that the calling script did not receive in KEYS.
+
+-- The one clock (DESIGN 5): Redis server time in epoch milliseconds.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Epoch ms -> ISO 8601 UTC with milliseconds ("2026-01-28T17:00:00.000Z").
+local function iso(ms)
+  local s = math.floor(ms / 1000)
+  local days = math.floor(s / 86400)
+  local sod = s - days * 86400
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d,
+    math.floor(sod / 3600), math.floor(sod % 3600 / 60), sod % 60, ms % 1000)
+end
+
+-- Append one state change to the task's history (DESIGN 7): capped at 100, same TTL as the hash.
+local function hist(key, retention_s, ts, from, to, attempt, worker, reason, extra)
+  local e = extra or {}
+  e.ts = ts
+  e.from = from or cjson.null
+  e.to = to
+  e.attempt = tonumber(attempt) or 0
+  if worker and worker ~= '' then e.worker_id = worker end
+  if reason and reason ~= '' then e.reason = reason end
+  redis.call('RPUSH', key, cjson.encode(e))
+  redis.call('LTRIM', key, -100, -1)
+  redis.call('EXPIRE', key, retention_s)
+end
+
+-- Publish one event of contract section 8 on the events channel.
+local function emit(channel, event_id, ts, etype, task_id, queue, task_type, attempt, worker, meta)
+  local ev = {event_id = event_id, ts = ts, type = etype, task_id = task_id, queue = queue,
+    task_type = task_type, attempt = tonumber(attempt) or 0,
+    worker_id = (worker and worker ~= '') and worker or cjson.null}
+  if meta then ev.metadata = meta end
+  redis.call('PUBLISH', channel, cjson.encode(ev))
+end
+
+-- Set the idempotency record's state (contract section 5), keeping its remaining TTL.
+local function idem_state(key, idem_key, task_id, state, ts, idem_ttl_s)
+  if idem_key == nil or idem_key == '' then return end
+  local ttl = redis.call('TTL', key)
+  if ttl < 1 then ttl = tonumber(idem_ttl_s) end
+  redis.call('SET', key, cjson.encode({task_id = task_id, state = state, updated_at = ts}),
+    'EX', ttl)
+end
+
+-- Remove a task's stream entry. An entry already delivered to a consumer (in the PEL) stays:
+-- that consumer's start script, or the reaper's, sees the terminal status and XACKs + XDELs it.
+-- Returns true when the entry is gone, false when it was left for its consumer.
+local function drop_entry(stream, group, entry_id)
+  if entry_id == nil or entry_id == '' then return true end
+  if redis.call('EXISTS', stream) == 0 then return true end
+  local p = redis.call('XPENDING', stream, group, entry_id, entry_id, 1)
+  if #p > 0 then return false end
+  redis.call('XDEL', stream, entry_id)
+  return true
+end

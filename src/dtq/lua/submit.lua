@@ -1,0 +1,98 @@
+-- submit.lua: ingest one task atomically (DESIGN 3, contract sections 2, 5, 7).
+-- Idempotency lookup, admission check, hash, history, recent index, expiry index, then the
+-- stream entry (QUEUED) or the schedule member (PENDING, delayed), and the TASK_QUEUED event.
+-- A task whose deadline has already passed (ttl 0) is accepted and marked EXPIRED at once.
+--
+-- KEYS[1] = dtq:task:<id>            KEYS[2] = dtq:task:<id>:history
+-- KEYS[3] = dtq:idempotency:<queue>:<key> (placeholder when no key)
+-- KEYS[4] = dtq:retry:schedule       KEYS[5] = dtq:tasks:recent
+-- KEYS[6] = dtq:expiry               KEYS[7] = dtq:queues
+-- KEYS[8..17] = dtq:stream:<queue>:p9 .. p0
+-- ARGV[1] task_id  [2] task_type  [3] payload JSON  [4] queue  [5] idempotency_key or ""
+-- ARGV[6] max_attempts  [7] priority  [8] timeout_ms  [9] metadata JSON
+-- ARGV[10] delay_ms  [11] schedule_at_ms or ""  [12] ttl_ms or ""  [13] expires_at_ms or ""
+-- ARGV[14] max queue depth  [15] task retention s  [16] idempotency TTL s
+-- ARGV[17] events channel  [18] event_id  [19] recent-index cap
+-- Returns {"new", status, entry_id or "", now_ms, due_ms, expires_at_ms or ""}
+--       | {"dup", state, task_id}
+--       | {"err", code, detail}
+local task_id, task_type, queue, idem = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
+local priority = tonumber(ARGV[7])
+local retention = tonumber(ARGV[15])
+
+if idem ~= '' then
+  local rec = redis.call('GET', KEYS[3])
+  if rec then
+    local r = cjson.decode(rec)
+    if r.state == 'processing' then return {'err', 'IDEMPOTENCY_IN_PROGRESS', r.task_id} end
+    return {'dup', r.state, r.task_id}
+  end
+end
+
+local depth = 0
+for i = 8, 17 do depth = depth + redis.call('XLEN', KEYS[i]) end
+if depth >= tonumber(ARGV[14]) then return {'err', 'QUEUE_FULL', tostring(depth)} end
+
+local now = now_ms()
+local ts = iso(now)
+local due = now
+if ARGV[11] ~= '' then due = tonumber(ARGV[11])
+elseif tonumber(ARGV[10]) > 0 then due = now + tonumber(ARGV[10]) end
+local exp_ms = nil
+if ARGV[13] ~= '' then exp_ms = tonumber(ARGV[13])
+elseif ARGV[12] ~= '' then exp_ms = now + tonumber(ARGV[12]) end
+
+local delayed = due > now
+local status = delayed and 'pending' or 'queued'
+local expired = exp_ms ~= nil and exp_ms <= now
+if expired then status = 'expired' end
+
+redis.call('HSET', KEYS[1], 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
+  'payload', ARGV[3], 'created_at', ts, 'created_ms', now, 'available_at', iso(due),
+  'updated_at', ts, 'attempt', 0, 'max_attempts', ARGV[6], 'priority', ARGV[7],
+  'timeout_ms', ARGV[8], 'status', status, 'queue', queue, 'metadata', ARGV[9],
+  'expires_at', exp_ms and iso(exp_ms) or '', 'expires_at_ms', exp_ms or '')
+redis.call('EXPIRE', KEYS[1], retention)
+redis.call('ZADD', KEYS[5], now, task_id)
+redis.call('ZREMRANGEBYRANK', KEYS[5], 0, -(tonumber(ARGV[19]) + 1))
+redis.call('SADD', KEYS[7], queue)
+local first = delayed and 'pending' or 'queued'
+local extra = nil
+if exp_ms then extra = {expires_at = iso(exp_ms)} end
+hist(KEYS[2], retention, ts, nil, first, 0, nil, 'created', extra)
+
+if expired then
+  redis.call('HSET', KEYS[1], 'expired_at', ts)
+  hist(KEYS[2], retention, ts, first, 'expired', 0, nil, 'ttl', {expired_at = ts})
+  if idem ~= '' then
+    redis.call('SET', KEYS[3], cjson.encode({task_id = task_id, state = 'failed',
+      updated_at = ts}), 'EX', ARGV[16])
+  end
+  emit(ARGV[17], ARGV[18], ts, 'TASK_EXPIRED', task_id, queue, task_type, 0, nil,
+    {expires_at = iso(exp_ms), expired_at = ts})
+  return {'new', 'expired', '', now, due, exp_ms}
+end
+
+if idem ~= '' then
+  redis.call('SET', KEYS[3], cjson.encode({task_id = task_id, state = 'processing',
+    updated_at = ts}), 'EX', ARGV[16])
+end
+if exp_ms then redis.call('ZADD', KEYS[6], exp_ms, task_id) end
+
+local entry_id = ''
+local meta = nil
+if delayed then
+  redis.call('ZADD', KEYS[4], due, task_id)
+  meta = {status = 'pending', available_at = iso(due)}
+else
+  local stream = KEYS[8 + (9 - priority)]
+  if redis.call('EXISTS', stream) == 0 then
+    redis.call('XGROUP', 'CREATE', stream, 'workers', '0', 'MKSTREAM')
+  end
+  entry_id = redis.call('XADD', stream, '*', 'task_id', task_id, 'queue', queue,
+    'task_type', task_type, 'payload', ARGV[3], 'attempt', 1, 'max_attempts', ARGV[6],
+    'priority', ARGV[7], 'timeout_ms', ARGV[8], 'idempotency_key', idem)
+  redis.call('HSET', KEYS[1], 'entry_id', entry_id)
+end
+emit(ARGV[17], ARGV[18], ts, 'TASK_QUEUED', task_id, queue, task_type, 0, nil, meta)
+return {'new', status, entry_id, now, due, exp_ms or ''}

@@ -1,0 +1,414 @@
+"""The data model: statuses and their transitions, the task, the submit request, events.
+
+Pure: no I/O, no clock. The Lua scripts check the same source states as ``TRANSITIONS``; a test
+keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Collection, Mapping
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from dtq.config import MAX_TIMEOUT_MS, Settings
+from dtq.errors import InvalidTaskError, PayloadTooLargeError, UnknownTaskTypeError
+
+__all__ = [
+    "EVENT_TYPES",
+    "METADATA_MAX_BYTES",
+    "NOT_STARTED",
+    "QUEUE_RE",
+    "TERMINAL",
+    "TRANSITIONS",
+    "HistoryEntry",
+    "SubmitRequest",
+    "Task",
+    "TaskStatus",
+    "can_transition",
+    "compact_json",
+    "format_ts",
+    "parse_ts",
+]
+
+METADATA_MAX_BYTES = 4096
+QUEUE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+TASK_TYPE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
+IDEMPOTENCY_KEY_MAX = 256
+
+
+class TaskStatus(StrEnum):
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    RETRYING = "retrying"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+S = TaskStatus
+TERMINAL: frozenset[TaskStatus] = frozenset(
+    {S.SUCCEEDED, S.FAILED, S.DEAD_LETTERED, S.CANCELLED, S.EXPIRED}
+)
+NOT_STARTED: frozenset[TaskStatus] = frozenset({S.PENDING, S.QUEUED, S.RETRYING})
+
+# Contract section 1: the only allowed transitions. Terminal states have none.
+TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
+    S.PENDING: frozenset({S.QUEUED, S.CANCELLED, S.EXPIRED}),
+    S.QUEUED: frozenset({S.RUNNING, S.CANCELLED, S.EXPIRED}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.RETRYING, S.FAILED, S.DEAD_LETTERED, S.CANCELLED}),
+    S.RETRYING: frozenset({S.QUEUED, S.CANCELLED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.DEAD_LETTERED: frozenset(),
+    S.CANCELLED: frozenset(),
+    S.EXPIRED: frozenset(),
+}
+
+EVENT_TYPES = (
+    "TASK_QUEUED",
+    "TASK_STARTED",
+    "TASK_SUCCEEDED",
+    "TASK_FAILED",
+    "TASK_RETRY_SCHEDULED",
+    "TASK_RETRIED",
+    "TASK_DEAD_LETTERED",
+    "TASK_CANCELLED",
+    "TASK_EXPIRED",
+    "TASK_DUPLICATE_ABSORBED",
+    "WORKER_STARTED",
+    "WORKER_STOPPED",
+    "WORKER_STALE",
+    "CONFIGURATION_CHANGED",
+)
+
+
+def can_transition(src: TaskStatus, dst: TaskStatus) -> bool:
+    """True when the contract allows ``src -> dst``."""
+    return dst in TRANSITIONS[src]
+
+
+def compact_json(value: Any) -> str:
+    """The one JSON form dtq stores and measures (DESIGN 10)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def format_ts(ms: int) -> str:
+    """Epoch milliseconds -> ISO 8601 UTC with milliseconds, as the Lua scripts write it."""
+    dt = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def parse_ts(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _to_ms(dt: datetime) -> int:
+    return round(dt.timestamp() * 1000)
+
+
+class SubmitRequest(BaseModel):
+    """Everything a producer may say about a new task; all of contract sections 1 and 13.
+
+    Build it with :meth:`build`, which also applies the limits that depend on settings and
+    the registry, and raises dtq's own errors instead of pydantic's.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task_type: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+    queue: str = "default"
+    idempotency_key: str | None = None
+    max_attempts: int = Field(default=5, ge=1)
+    priority: int = Field(default=5, ge=0, le=9)
+    timeout_ms: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_MS)
+    delay_seconds: float = Field(default=0, ge=0, le=10 * 365 * 86400)
+    schedule_at: datetime | None = None
+    expires_at: datetime | None = None
+    ttl_seconds: float | None = Field(default=None, ge=0, le=10 * 365 * 86400)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    _payload_json: str = PrivateAttr(default="{}")
+    _metadata_json: str = PrivateAttr(default="{}")
+
+    @field_validator("task_type")
+    @classmethod
+    def _task_type(cls, value: str) -> str:
+        if not TASK_TYPE_RE.match(value):
+            raise ValueError("must be 1-128 characters: letters, digits, '_', '.', ':', '-'")
+        return value
+
+    @field_validator("queue")
+    @classmethod
+    def _queue(cls, value: str) -> str:
+        if not QUEUE_RE.match(value):
+            raise ValueError(f"must match {QUEUE_RE.pattern}")
+        return value
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _idem(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value or len(value) > IDEMPOTENCY_KEY_MAX or not value.isprintable():
+            raise ValueError(f"must be 1-{IDEMPOTENCY_KEY_MAX} printable characters")
+        return value
+
+    @field_validator("schedule_at", "expires_at")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.utcoffset() is None:
+            raise ValueError("must be timezone-aware (an ISO 8601 time with an offset, e.g. Z)")
+        return value
+
+    @field_validator("delay_seconds", "ttl_seconds")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @model_validator(mode="after")
+    def _exclusive(self) -> Self:
+        meta_ttl = self.metadata.get("ttl_seconds")
+        if meta_ttl is not None and (
+            isinstance(meta_ttl, bool)
+            or not isinstance(meta_ttl, int | float)
+            or not math.isfinite(meta_ttl)
+            or meta_ttl < 0
+        ):
+            raise ValueError("metadata.ttl_seconds must be a number >= 0")
+        given = [
+            name
+            for name, v in (
+                ("expires_at", self.expires_at),
+                ("ttl_seconds", self.ttl_seconds),
+                ("metadata.ttl_seconds", meta_ttl),
+            )
+            if v is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(f"give only one of {' and '.join(given)}")
+        if self.schedule_at is not None and self.delay_seconds:
+            raise ValueError("give only one of delay_seconds and schedule_at")
+        try:
+            self._payload_json = compact_json(self.payload)
+            self._metadata_json = compact_json(self.metadata)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"payload and metadata must be JSON: {exc}") from None
+        return self
+
+    @classmethod
+    def build(
+        cls,
+        settings: Settings,
+        known_types: Collection[str] | None = None,
+        **fields: Any,
+    ) -> SubmitRequest:
+        """Validate ``fields`` completely. ``known_types=None`` skips the registry check."""
+        try:
+            req = cls(**fields)
+        except ValidationError as exc:
+            raise InvalidTaskError(_describe(exc), errors=_error_list(exc)) from None
+        req.check_limits(settings, known_types)
+        return req
+
+    def check_limits(self, settings: Settings, known_types: Collection[str] | None) -> None:
+        if known_types is not None and self.task_type not in known_types:
+            raise UnknownTaskTypeError(
+                f"task_type {self.task_type!r} is not registered", task_type=self.task_type
+            )
+        size = len(self._payload_json.encode())
+        if size > settings.max_payload_bytes:
+            raise PayloadTooLargeError(
+                f"payload is {size} bytes, the limit is {settings.max_payload_bytes}",
+                size=size,
+                limit=settings.max_payload_bytes,
+            )
+        meta_size = len(self._metadata_json.encode())
+        if meta_size > METADATA_MAX_BYTES:
+            raise InvalidTaskError(
+                f"metadata is {meta_size} bytes, the limit is {METADATA_MAX_BYTES}",
+                field="metadata",
+            )
+        if self.max_attempts > settings.max_attempts:
+            raise InvalidTaskError(
+                f"max_attempts {self.max_attempts} is above the cap DTQ_MAX_ATTEMPTS="
+                f"{settings.max_attempts}",
+                field="max_attempts",
+            )
+
+    @property
+    def payload_json(self) -> str:
+        return self._payload_json
+
+    @property
+    def metadata_json(self) -> str:
+        return self._metadata_json
+
+    def effective_ttl_ms(self) -> int | None:
+        """TTL relative to ingest, in ms, from ttl_seconds or metadata.ttl_seconds."""
+        ttl = self.ttl_seconds
+        if ttl is None:
+            ttl = self.metadata.get("ttl_seconds")
+        return None if ttl is None else round(float(ttl) * 1000)
+
+    def expires_at_ms(self) -> int | None:
+        return None if self.expires_at is None else _to_ms(self.expires_at)
+
+    def schedule_at_ms(self) -> int | None:
+        return None if self.schedule_at is None else _to_ms(self.schedule_at)
+
+
+def _describe(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err.get("loc", ())) or "request"
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{field}: {msg}"
+
+
+def _error_list(exc: ValidationError) -> list[dict[str, str]]:
+    return [
+        {
+            "field": ".".join(str(p) for p in e.get("loc", ())),
+            "message": str(e.get("msg", "")).removeprefix("Value error, "),
+        }
+        for e in exc.errors()
+    ]
+
+
+class HistoryEntry(BaseModel):
+    """One state change, as every script appends it to ``dtq:task:<id>:history``."""
+
+    ts: datetime
+    from_status: TaskStatus | None = Field(default=None, alias="from")
+    to_status: TaskStatus = Field(alias="to")
+    attempt: int = 0
+    worker_id: str | None = None
+    reason: str | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    @classmethod
+    def from_json(cls, raw: str) -> HistoryEntry:
+        data = json.loads(raw)
+        details = {
+            k: data.pop(k) for k in list(data) if k not in {"ts", "from", "to", "attempt", "reason"}
+        }
+        worker = details.pop("worker_id", None) or None
+        data["from"] = data.get("from") or None
+        return cls(**data, worker_id=worker, details=details)
+
+
+class Task(BaseModel):
+    """A task as stored in ``dtq:task:<task_id>``, with its execution metadata."""
+
+    task_id: str
+    idempotency_key: str | None = None
+    task_type: str
+    payload: dict[str, Any]
+    created_at: datetime
+    available_at: datetime
+    updated_at: datetime | None = None
+    attempt: int
+    max_attempts: int
+    priority: int
+    timeout_ms: int
+    status: TaskStatus
+    queue: str
+    metadata: dict[str, Any]
+    expires_at: datetime | None = None
+    expired_at: datetime | None = None
+    entry_id: str | None = None
+    cancel_requested: bool = False
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    duration_ms: int | None = None
+    worker_id: str | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    retryable: bool | None = None
+    retry_delay_ms: int | None = None
+    result: Any = None
+    result_truncated: bool = False
+    duplicate: bool = False
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def is_expired_at(self, now: datetime) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, str], result: str | None = None) -> Task:
+        def opt(name: str) -> str | None:
+            v = h.get(name)
+            return v if v else None
+
+        def opt_int(name: str) -> int | None:
+            v = opt(name)
+            return None if v is None else int(v)
+
+        retryable = opt("retryable")
+        return cls(
+            task_id=h["task_id"],
+            idempotency_key=opt("idempotency_key"),
+            task_type=h["task_type"],
+            payload=json.loads(h.get("payload") or "{}"),
+            created_at=h["created_at"],
+            available_at=h.get("available_at") or h["created_at"],
+            updated_at=opt("updated_at"),
+            attempt=int(h.get("attempt") or 0),
+            max_attempts=int(h["max_attempts"]),
+            priority=int(h["priority"]),
+            timeout_ms=int(h["timeout_ms"]),
+            status=TaskStatus(h["status"]),
+            queue=h["queue"],
+            metadata=json.loads(h.get("metadata") or "{}"),
+            expires_at=opt("expires_at"),
+            expired_at=opt("expired_at"),
+            entry_id=opt("entry_id"),
+            cancel_requested=h.get("cancel_requested") == "1",
+            started_at=opt("started_at"),
+            finished_at=opt("finished_at"),
+            duration_ms=opt_int("duration_ms"),
+            worker_id=opt("worker_id"),
+            error_class=opt("error_class"),
+            error_message=opt("error_message"),
+            retryable=None if retryable is None else retryable == "1",
+            retry_delay_ms=opt_int("retry_delay_ms"),
+            result=json.loads(result) if result else None,
+            result_truncated=h.get("result_truncated") == "1",
+        )
+
+    def public_dict(self) -> dict[str, Any]:
+        """The JSON form the API and the CLI's --json show."""
+        return self.model_dump(mode="json")
+
+
+def ttl_delta_seconds(ttl: timedelta | float | None) -> float | None:
+    """The SDK's ``ttl=timedelta`` as seconds."""
+    if ttl is None:
+        return None
+    return ttl.total_seconds() if isinstance(ttl, timedelta) else float(ttl)

@@ -1,0 +1,107 @@
+"""Loads the Lua scripts once and calls them by SHA.
+
+Each ``lua/<name>.lua`` is one atomic operation; ``lua/_lib.lua`` is prepended to each. Calls go
+out as EVALSHA; after a NOSCRIPT reply (a restarted or flushed Redis) the scripts are loaded
+again and only the calls that did not run are sent again, so nothing runs twice. Batches are
+one pipeline: one round trip, no SCRIPT EXISTS before it (as redis-py's pipeline would add).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, ResponseError
+
+__all__ = ["SCRIPT_NAMES", "Call", "Scripts"]
+
+SCRIPT_NAMES = (
+    "submit",
+    "start",
+    "finish",
+    "touch",
+    "claim_due",
+    "promote",
+    "expire",
+    "due_expiry",
+    "cancel",
+    "dlq_requeue",
+    "dlq_discard",
+    "dlq_purge",
+    "set_paused",
+    "purge_queue",
+    "lock",
+)
+
+Call = tuple[str, Sequence[str], Sequence[Any]]
+"""(script name, keys, args) of one script call."""
+
+OpHook = Callable[[str, bool], None]
+
+
+def _read(name: str) -> str:
+    return resources.files("dtq").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+
+
+class Scripts:
+    """The compiled set of dtq scripts, shared by every client of one process."""
+
+    def __init__(self, on_call: OpHook | None = None) -> None:
+        lib = _read("_lib")
+        self.source: dict[str, str] = {}
+        self.sha: dict[str, str] = {}
+        for name in SCRIPT_NAMES:
+            try:
+                body = _read(name)
+            except FileNotFoundError:
+                continue
+            src = lib + "\n" + body
+            self.source[name] = src
+            self.sha[name] = hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
+        self._on_call = on_call
+
+    async def load(self, redis: Redis) -> None:
+        pipe = redis.pipeline(transaction=False)
+        for src in self.source.values():
+            pipe.script_load(src)
+        await pipe.execute()
+
+    async def call(self, redis: Redis, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """One script call; raises what the script raised."""
+        result = (await self.call_many(redis, [(name, keys, args)]))[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def call_many(self, redis: Redis, calls: Sequence[Call]) -> list[Any]:
+        """All calls in one pipeline. Each result is the reply or the exception for that call."""
+        if not calls:
+            return []
+        results = await self._send(redis, calls)
+        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if missing:
+            await self.load(redis)
+            again = await self._send(redis, [calls[i] for i in missing])
+            for i, r in zip(missing, again, strict=True):
+                results[i] = r
+        if self._on_call is not None:
+            for (name, _, _), r in zip(calls, results, strict=True):
+                self._on_call(name, not isinstance(r, Exception))
+        return results
+
+    async def _send(self, redis: Redis, calls: Sequence[Call]) -> list[Any]:
+        pipe = redis.pipeline(transaction=False)
+        for name, keys, args in calls:
+            pipe.evalsha(self.sha[name], len(keys), *keys, *args)
+        results: list[Any] = await pipe.execute(raise_on_error=False)
+        return [
+            NoScriptError(str(r)) if isinstance(r, ResponseError) and _is_noscript(r) else r
+            for r in results
+        ]
+
+
+def _is_noscript(err: ResponseError) -> bool:
+    return isinstance(err, NoScriptError) or str(err).startswith("NOSCRIPT")

@@ -1,0 +1,269 @@
+"""Every task read and the submit write against Redis.
+
+State changes are Lua scripts (``dtq/lua``); this module builds their KEYS and ARGV, sends them
+(pipelined where there are several) and turns replies into models or dtq errors. Admin
+operations (cancel, expire, dead letters, pause, purge) are in :mod:`dtq.admin`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import uuid
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from dtq import keys
+from dtq.config import Settings
+from dtq.errors import (
+    DtqError,
+    IdempotencyInProgressError,
+    QueueFullError,
+    TaskNotFoundError,
+)
+from dtq.models import HistoryEntry, SubmitRequest, Task, TaskStatus
+from dtq.scripts import Call, Scripts
+
+__all__ = ["RECENT_CAP", "Store", "ms_to_dt"]
+
+RECENT_CAP = 10_000
+_LIST_CHUNK = 500
+
+
+def ms_to_dt(ms: int | float | str) -> datetime:
+    return datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class Store:
+    """Task reads and the submit path over one Redis client (decode_responses=True)."""
+
+    redis: Redis
+    scripts: Scripts
+    settings: Settings
+    known_types: Collection[str] | None = None
+
+    # -- submit ---------------------------------------------------------------------------------
+
+    def submit_call(self, req: SubmitRequest, task_id: str) -> Call:
+        s = self.settings
+        ttl_ms = req.effective_ttl_ms()
+        exp_ms = req.expires_at_ms()
+        sched_ms = req.schedule_at_ms()
+        return (
+            "submit",
+            [
+                keys.task(task_id),
+                keys.history(task_id),
+                keys.idempotency(req.queue, req.idempotency_key),
+                keys.RETRY_SCHEDULE,
+                keys.RECENT,
+                keys.EXPIRY,
+                keys.QUEUES,
+                *keys.queue_streams(req.queue),
+            ],
+            [
+                task_id,
+                req.task_type,
+                req.payload_json,
+                req.queue,
+                req.idempotency_key or "",
+                req.max_attempts,
+                req.priority,
+                req.timeout_ms or s.task_timeout_ms,
+                req.metadata_json,
+                round(req.delay_seconds * 1000),
+                "" if sched_ms is None else sched_ms,
+                "" if ttl_ms is None else ttl_ms,
+                "" if exp_ms is None else exp_ms,
+                s.max_queue_depth,
+                s.task_retention_s,
+                s.idem_ttl_s,
+                keys.EVENTS,
+                new_id(),
+                RECENT_CAP,
+            ],
+        )
+
+    async def submit(self, req: SubmitRequest) -> Task:
+        result = (await self.submit_many([req]))[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def submit_many(self, reqs: Sequence[SubmitRequest]) -> list[Task | DtqError]:
+        """All submits in one pipeline; each item is the task or the error for that item."""
+        ids = [new_id() for _ in reqs]
+        replies = await self.scripts.call_many(
+            self.redis, [self.submit_call(r, i) for r, i in zip(reqs, ids, strict=True)]
+        )
+        out: list[Task | DtqError] = []
+        for req, task_id, reply in zip(reqs, ids, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            kind = reply[0]
+            if kind == "new":
+                out.append(_new_task(req, task_id, reply, self.settings))
+            elif kind == "dup":
+                try:
+                    task = await self.get(reply[2])
+                except TaskNotFoundError:
+                    out.append(
+                        TaskNotFoundError(
+                            f"idempotency key {req.idempotency_key!r} belongs to task "
+                            f"{reply[2]} whose record has expired",
+                            task_id=reply[2],
+                        )
+                    )
+                    continue
+                out.append(task.model_copy(update={"duplicate": True}))
+            else:
+                out.append(_submit_error(req, reply))
+        return out
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def get(self, task_id: str) -> Task:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.task(task_id))
+        pipe.get(keys.result(task_id))
+        h, result = await pipe.execute()
+        if not h:
+            raise TaskNotFoundError(f"task {task_id} not found", task_id=task_id)
+        return Task.from_hash(h, result)
+
+    async def get_many(self, task_ids: Sequence[str]) -> list[Task]:
+        """Tasks that still exist, in the order given, in one round trip."""
+        if not task_ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for tid in task_ids:
+            pipe.hgetall(keys.task(tid))
+            pipe.get(keys.result(tid))
+        flat = await pipe.execute()
+        return [Task.from_hash(h, r) for h, r in zip(flat[::2], flat[1::2], strict=True) if h]
+
+    async def list(
+        self,
+        *,
+        queue: str | None = None,
+        status: TaskStatus | None = None,
+        task_type: str | None = None,
+        limit: int = 50,
+    ) -> builtins.list[Task]:
+        """Recent tasks first (from ``dtq:tasks:recent``), filtered; at most ``limit``."""
+        limit = max(1, min(limit, RECENT_CAP))
+        found: builtins.list[str] = []
+        start = 0
+        while len(found) < limit and start < RECENT_CAP:
+            ids = cast(
+                builtins.list[str],
+                await self.redis.zrevrange(keys.RECENT, start, start + _LIST_CHUNK - 1),
+            )
+            if not ids:
+                break
+            start += _LIST_CHUNK
+            if queue is None and status is None and task_type is None:
+                found.extend(ids)
+                continue
+            pipe = self.redis.pipeline(transaction=False)
+            for tid in ids:
+                pipe.hmget(keys.task(tid), "queue", "status", "task_type")
+            for tid, (q, st, tt) in zip(ids, await pipe.execute(), strict=True):
+                if st is None:
+                    continue
+                if queue is not None and q != queue:
+                    continue
+                if status is not None and st != status.value:
+                    continue
+                if task_type is not None and tt != task_type:
+                    continue
+                found.append(tid)
+        return await self.get_many(found[:limit])
+
+    async def history(self, task_id: str) -> builtins.list[HistoryEntry]:
+        """Every state change of the task, oldest first."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.lrange(keys.history(task_id), 0, -1)
+        pipe.exists(keys.task(task_id))
+        raw, exists = await pipe.execute()
+        if not raw and not exists:
+            raise TaskNotFoundError(f"task {task_id} not found", task_id=task_id)
+        return [HistoryEntry.from_json(r) for r in raw]
+
+    async def queues(self) -> builtins.list[str]:
+        return sorted(cast(set[str], await self.redis.smembers(keys.QUEUES)))
+
+    async def ensure_groups(self, queue: str) -> None:
+        """Create the consumer group on all ten streams of ``queue`` (idempotent)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys.queue_streams(queue):
+            pipe.xgroup_create(key, keys.CONSUMER_GROUP, id="0", mkstream=True)
+        for r in await pipe.execute(raise_on_error=False):
+            if isinstance(r, ResponseError) and "BUSYGROUP" not in str(r):
+                raise r
+
+
+def _new_task(
+    req: SubmitRequest, task_id: str, reply: builtins.list[Any], settings: Settings
+) -> Task:
+    _, status, entry_id, now_ms, due_ms, exp_ms = reply
+    created = ms_to_dt(now_ms)
+    return Task.model_construct(
+        task_id=task_id,
+        idempotency_key=req.idempotency_key,
+        task_type=req.task_type,
+        payload=req.payload,
+        created_at=created,
+        available_at=ms_to_dt(due_ms),
+        updated_at=created,
+        attempt=0,
+        max_attempts=req.max_attempts,
+        priority=req.priority,
+        timeout_ms=req.timeout_ms or settings.task_timeout_ms,
+        status=TaskStatus(status),
+        queue=req.queue,
+        metadata=json.loads(req.metadata_json),
+        expires_at=ms_to_dt(exp_ms) if exp_ms not in ("", None) else None,
+        expired_at=created if status == TaskStatus.EXPIRED else None,
+        entry_id=entry_id or None,
+        cancel_requested=False,
+        started_at=None,
+        finished_at=None,
+        duration_ms=None,
+        worker_id=None,
+        error_class=None,
+        error_message=None,
+        retryable=None,
+        retry_delay_ms=None,
+        result=None,
+        result_truncated=False,
+        duplicate=False,
+    )
+
+
+def _submit_error(req: SubmitRequest, reply: builtins.list[Any]) -> DtqError:
+    _, code, detail = reply
+    if code == "QUEUE_FULL":
+        return QueueFullError(
+            f"queue {req.queue!r} is full ({detail} tasks waiting or running)",
+            retry_after_s=1,
+            queue=req.queue,
+            depth=int(detail),
+        )
+    if code == "IDEMPOTENCY_IN_PROGRESS":
+        return IdempotencyInProgressError(
+            f"a task with idempotency key {req.idempotency_key!r} on queue {req.queue!r} "
+            f"is still in progress ({detail})",
+            task_id=detail,
+        )
+    return DtqError(f"submit refused: {code} {detail}")
