@@ -14,6 +14,7 @@ The tree is shallow; the API and the CLI map each leaf to one error code (``code
     │   ├── TaskRunningError          TASK_RUNNING         409  (cancel requested)
     │   └── TaskTerminalError         TASK_TERMINAL        410
     ├── NotInDeadLetterError          NOT_IN_DLQ           404
+    ├── WorkerNotFoundError           WORKER_NOT_FOUND     404
     └── RedisUnavailableError         REDIS_UNAVAILABLE    503         (CLI exit 1)
 
 Handler-side errors (``RetryableError``, ``PermanentError``, ``RescheduleError``) are part of
@@ -38,6 +39,7 @@ __all__ = [
     "TaskRunningError",
     "TaskTerminalError",
     "UnknownTaskTypeError",
+    "WorkerNotFoundError",
 ]
 
 
@@ -104,6 +106,10 @@ class TaskTerminalError(InvalidTransitionError):
 
 class NotInDeadLetterError(DtqError):
     code = "NOT_IN_DLQ"
+
+
+class WorkerNotFoundError(DtqError):
+    code = "WORKER_NOT_FOUND"
 
 
 class RedisUnavailableError(DtqError):
