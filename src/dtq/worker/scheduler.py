@@ -1,0 +1,301 @@
+"""The scheduler loop: leader lock, promotion of due tasks, expiry sweep, stale workers.
+
+Every worker runs one :class:`Scheduler`; only the holder of ``dtq:lock:scheduler`` (contract
+sections 2, 4, 6) does any work. Each leader tick:
+
+1. refreshes the lock (``lock.lua``: SET NX PX 10000, refreshed and released only by its
+   holder);
+2. claims due members of ``dtq:retry:schedule`` into ``dtq:retry:claimed`` (``claim_due.lua``,
+   at most 100 at a time, claims older than ``DTQ_CLAIM_STALE_S`` returned first) and promotes
+   every claimed task in one pipeline (``promote.lua``: stream entry and QUEUED, or EXPIRED when
+   its deadline passed); a full batch is followed by another, up to ten per tick;
+3. once a second, sweeps ``dtq:expiry`` (:func:`dtq.admin.sweep_expired`, batches of 100);
+4. every few seconds, removes from ``dtq:workers`` each worker whose heartbeat is older than
+   three heartbeat intervals (or whose hash is gone) and publishes WORKER_STALE for it, once.
+
+All times are the Redis server's (DESIGN 5): the scripts read ``TIME``; this module asks Redis
+for the time once per tick and never reads the local clock for a decision. A Redis call that
+fails is logged and tried again at the next tick; the loop ends only when ``stopping`` is set
+(or the task running it is cancelled), and then releases the lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from dtq import admin, keys
+from dtq.clock import redis_time_ms
+from dtq.config import Settings
+from dtq.events import make_event
+from dtq.models import format_ts
+from dtq.scripts import Call
+from dtq.store import Store, new_id
+
+__all__ = [
+    "CLAIM_BATCH",
+    "LOCK_TTL_MS",
+    "SWEEP_INTERVAL_MS",
+    "Scheduler",
+    "TickResult",
+]
+
+log = logging.getLogger(__name__)
+
+LOCK_TTL_MS = 10_000  # contract section 2: SET NX PX 10000
+CLAIM_BATCH = 100  # contract section 7: scheduler batch capped at 100
+MAX_CLAIM_BATCHES = 10  # per tick, so a backlog drains fast but one tick stays short
+SWEEP_INTERVAL_MS = 1_000  # issue 4: the expiry sweep runs every second
+SWEEP_BATCH = admin.SWEEP_BATCH
+MAX_SWEEP_BATCHES = 10
+STALE_HEARTBEATS = 3  # contract section 6: stale = last heartbeat older than 3 intervals
+STALE_CHECK_MIN_MS = 1_000
+STALE_CHECK_MAX_MS = 5_000
+RELEASE_TIMEOUT_S = 2.0
+JITTER = 0.2
+
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+@dataclass
+class TickResult:
+    """What one tick did; the ids are task ids unless named otherwise."""
+
+    leader: bool = False
+    claimed: int = 0
+    stale_claims: int = 0
+    promoted: list[str] = field(default_factory=list)  # delayed (PENDING) -> QUEUED
+    retried: list[str] = field(default_factory=list)  # RETRYING -> QUEUED
+    expired: list[str] = field(default_factory=list)  # by promote or by the sweep
+    skipped: list[str] = field(default_factory=list)  # claimed but no longer promotable
+    swept: bool = False
+    stale_workers: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the phases that failed
+
+
+class Scheduler:
+    """The scheduler loop of one worker; see the module docstring."""
+
+    def __init__(self, store: Store, settings: Settings, worker_id: str) -> None:
+        self.store = store
+        self.settings = settings
+        self.worker_id = worker_id
+        self.lock_ttl_ms = LOCK_TTL_MS
+        self._leader = False
+        self._next_sweep_ms = 0
+        self._next_stale_check_ms = 0
+        self._rng = random.Random()
+
+    @property
+    def is_leader(self) -> bool:
+        """True when the last tick held (or took) the leader lock."""
+        return self._leader
+
+    # -- loop -----------------------------------------------------------------------------------
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Tick every ``scheduler_interval_s`` (with jitter) until ``stopping`` is set; then
+        release the leader lock and return."""
+        log.info("scheduler started (worker %s)", self.worker_id)
+        try:
+            while not stopping.is_set():
+                try:
+                    await self.tick()
+                except Exception:  # a bug must not end the loop; it is logged with its trace
+                    log.exception("scheduler tick failed")
+                delay_s = self.settings.scheduler_interval_s * (
+                    1 + self._rng.uniform(-JITTER, JITTER)
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), delay_s)
+            log.info("scheduler stopping (worker %s)", self.worker_id)
+        finally:
+            await self.release()
+
+    async def tick(self) -> TickResult:
+        """One pass: take or refresh the lock; if leader, promote, sweep and check workers."""
+        result = TickResult()
+        try:
+            self._leader = await self._lock("acquire")
+        except TRANSIENT as exc:
+            self._leader = False
+            self._transient(result, "lock", exc)
+            return result
+        result.leader = self._leader
+        if not self._leader:
+            return result
+        await self._phase(result, "promote", self._promote_due(result))
+        await self._phase(result, "housekeeping", self._housekeeping(result))
+        return result
+
+    async def release(self) -> None:
+        """Give the leader lock up if this scheduler holds it (owner-checked in Lua)."""
+        try:
+            async with asyncio.timeout(RELEASE_TIMEOUT_S):
+                released = await self._lock("release")
+        except (*TRANSIENT, TimeoutError) as exc:
+            log.warning("scheduler lock not released (it expires on its own): %s", exc)
+            released = False
+        if released:
+            log.info("scheduler lock released (worker %s)", self.worker_id)
+        self._leader = False
+
+    # -- phases ---------------------------------------------------------------------------------
+
+    async def _lock(self, op: str) -> bool:
+        reply = await self.store.scripts.call(
+            self.store.redis,
+            "lock",
+            [keys.SCHEDULER_LOCK],
+            [op, self.worker_id, self.lock_ttl_ms],
+        )
+        return bool(int(reply))
+
+    async def _promote_due(self, result: TickResult) -> None:
+        stale_ms = round(self.settings.claim_stale_s * 1000)
+        for _ in range(MAX_CLAIM_BATCHES):
+            ids, stale, _now = await self.store.scripts.call(
+                self.store.redis,
+                "claim_due",
+                [keys.RETRY_SCHEDULE, keys.RETRY_CLAIMED],
+                [CLAIM_BATCH, stale_ms],
+            )
+            result.stale_claims += int(stale)
+            if stale:
+                log.warning("scheduler returned %s stale claim(s) to the schedule", stale)
+            if not ids:
+                return
+            result.claimed += len(ids)
+            await self._promote(list(ids), result)
+            if len(ids) < CLAIM_BATCH:
+                return
+
+    async def _promote(self, ids: Sequence[str], result: TickResult) -> None:
+        calls: list[Call] = []
+        gone: list[str] = []
+        for tid, where in zip(ids, await admin.task_keys(self.store, ids), strict=True):
+            if where is None:
+                gone.append(tid)
+            else:
+                calls.append(self._promote_call(tid, where))
+        if gone:  # the hash expired or was deleted: nothing to promote, drop the claim
+            await self.store.redis.zrem(keys.RETRY_CLAIMED, *gone)
+            result.skipped.extend(gone)
+        replies = await self.store.scripts.call_many(self.store.redis, calls)
+        for call, reply in zip(calls, replies, strict=True):
+            tid = str(call[2][0])
+            if isinstance(reply, TRANSIENT):
+                raise reply
+            if isinstance(reply, Exception):  # left claimed: returned once the claim is stale
+                log.error("promote of task %s failed: %s", tid, reply)
+                result.errors.append(f"promote:{tid}")
+                continue
+            self._record(tid, reply, result)
+
+    def _promote_call(self, task_id: str, where: tuple[str, int, str]) -> Call:
+        queue, priority, idem = where
+        s = self.settings
+        return (
+            "promote",
+            [
+                keys.task(task_id),
+                keys.history(task_id),
+                keys.RETRY_SCHEDULE,
+                keys.RETRY_CLAIMED,
+                keys.EXPIRY,
+                keys.stream(queue, priority),
+                keys.idempotency(queue, idem),
+            ],
+            [task_id, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, new_id()],
+        )
+
+    @staticmethod
+    def _record(task_id: str, reply: list[Any], result: TickResult) -> None:
+        kind = reply[0]
+        if kind == "queued":
+            (result.retried if reply[1] == "retrying" else result.promoted).append(task_id)
+        elif kind == "expired":
+            result.expired.append(task_id)
+        else:
+            result.skipped.append(task_id)
+
+    async def _sweep(self, now_ms: int, result: TickResult) -> None:
+        result.swept = True
+        for _ in range(MAX_SWEEP_BATCHES):
+            ids = await admin.sweep_expired(self.store, now_ms, SWEEP_BATCH)
+            result.expired.extend(ids)
+            if len(ids) < SWEEP_BATCH:
+                return
+
+    def _stale_check_ms(self) -> int:
+        beat_ms = round(self.settings.heartbeat_interval_s * 1000)
+        return max(STALE_CHECK_MIN_MS, min(STALE_CHECK_MAX_MS, beat_ms))
+
+    async def _stale_workers(self, now_ms: int, result: TickResult) -> None:
+        redis = self.store.redis
+        members = sorted(cast(set[str], await redis.smembers(keys.WORKERS)))
+        if not members:
+            return
+        pipe = redis.pipeline(transaction=False)
+        for wid in members:
+            pipe.exists(keys.worker(wid))
+            pipe.hget(keys.worker(wid), "last_heartbeat_ms")
+        flat = await pipe.execute()
+        limit_ms = round(STALE_HEARTBEATS * self.settings.heartbeat_interval_s * 1000)
+        for wid, exists, beat in zip(members, flat[::2], flat[1::2], strict=True):
+            beat_ms = _int_or_none(beat)
+            if exists and (beat_ms is None or now_ms - beat_ms <= limit_ms):
+                continue  # alive (or starting: no heartbeat written yet, its hash TTL runs)
+            # SREM first: of two schedulers that both saw it, only one publishes.
+            if await redis.srem(keys.WORKERS, wid) != 1:
+                continue
+            meta: dict[str, Any] = {"reason": "heartbeat_old" if exists else "hash_gone"}
+            if beat_ms is not None:
+                meta["last_heartbeat"] = format_ts(beat_ms)
+                meta["heartbeat_age_ms"] = now_ms - beat_ms
+            await redis.publish(
+                keys.EVENTS,
+                make_event("WORKER_STALE", worker_id=wid, metadata=meta, ts_ms=now_ms),
+            )
+            log.warning("worker %s is stale (%s): removed from the worker set", wid, meta)
+            result.stale_workers.append(wid)
+
+    async def _phase(self, result: TickResult, name: str, work: Awaitable[None]) -> None:
+        """Run one phase; its failure is logged and does not stop the phases after it."""
+        try:
+            await work
+        except TRANSIENT as exc:
+            self._transient(result, name, exc)
+        except Exception:  # a bug in one phase must not starve the others
+            log.exception("scheduler %s failed", name)
+            result.errors.append(name)
+
+    async def _housekeeping(self, result: TickResult) -> None:
+        now_ms = await redis_time_ms(self.store.redis)
+        if now_ms >= self._next_sweep_ms:
+            self._next_sweep_ms = now_ms + SWEEP_INTERVAL_MS
+            await self._sweep(now_ms, result)
+        if now_ms >= self._next_stale_check_ms:
+            self._next_stale_check_ms = now_ms + self._stale_check_ms()
+            await self._stale_workers(now_ms, result)
+
+    def _transient(self, result: TickResult, phase: str, exc: BaseException) -> None:
+        log.warning("scheduler %s: Redis unavailable, retried next tick: %s", phase, exc)
+        result.errors.append(phase)
+
+
+def _int_or_none(value: str | None) -> int | None:
+    if not value:
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        return None
