@@ -5,9 +5,11 @@
 --
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:retry:schedule
 -- KEYS[4] = dtq:retry:claimed   KEYS[5] = dtq:expiry   KEYS[6] = dtq:stream:<queue>:p<N>
--- KEYS[7] = dtq:idempotency:<queue>:<key> (placeholder when none)
+-- KEYS[7] = dtq:idempotency:<queue>:<key> (placeholder when none)   KEYS[8] = dtq:stream:audit
 -- ARGV[1] task_id  [2] mode: "manual" (now, whatever expires_at says) | "sweep" (only if due)
 -- ARGV[3] task retention s  [4] idempotency TTL s  [5] events channel  [6] event_id
+-- ARGV[7] audit actor ("" = no audit entry, as for the sweep)  [8] audit request_id or ""
+-- An audit entry (action "expire") is appended only when the task was marked expired.
 -- Returns {"expired", from} | {"skip", why} | {"err", "NOT_FOUND"} | {"err", "STATUS", status}
 local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'queue', 'task_type', 'attempt',
   'idempotency_key', 'expires_at_ms', 'expires_at')
@@ -22,8 +24,16 @@ if status ~= 'pending' and status ~= 'queued' and status ~= 'retrying' then
   if sweep then redis.call('ZREM', KEYS[5], ARGV[1]); return {'skip', status} end
   return {'err', 'STATUS', status}
 end
-if sweep and (h[7] == nil or h[7] == '' or tonumber(h[7]) > now) then
-  if h[7] == nil or h[7] == '' then redis.call('ZREM', KEYS[5], ARGV[1]) end
+-- HMGET gives false for a missing field: tonumber(h[7] or '') is nil for "no deadline".
+local exp_ms = tonumber(h[7] or '')
+if sweep and exp_ms == nil then
+  redis.call('ZREM', KEYS[5], ARGV[1])
+  return {'skip', 'no_deadline'}
+end
+if sweep and exp_ms > now then
+  -- The deadline moved (a reschedule extended it): score the member with it again, so it is
+  -- not looked at every second and does not hold a place in every batch.
+  redis.call('ZADD', KEYS[5], exp_ms, ARGV[1])
   return {'skip', 'not_due'}
 end
 local ts = iso(now)
@@ -45,4 +55,5 @@ hist(KEYS[2], retention, ts, from, 'expired', h[5], nil, reason, {expired_at = t
 local meta = {expired_at = ts, reason = reason}
 if h[8] and h[8] ~= '' then meta.expires_at = h[8] end
 emit(ARGV[5], ARGV[6], ts, 'TASK_EXPIRED', ARGV[1], h[3], h[4], h[5], nil, meta)
+audit(KEYS[8], ARGV[7], ARGV[8], 'expire', ARGV[1], h[3], ts)
 return {'expired', status}
