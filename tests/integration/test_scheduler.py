@@ -17,6 +17,7 @@ from dtq import Queue, TaskStatus, keys
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from dtq.events import Event
+from dtq.models import Task
 from dtq.scripts import Scripts
 from dtq.store import Store
 from dtq.worker.scheduler import CLAIM_BATCH, Scheduler
@@ -270,7 +271,9 @@ async def test_backlog_drains_in_one_tick(queue: Queue, r: Redis, scheduler: Sch
         [{"task_type": "echo_task", "payload": {"i": i}} for i in range(n)], delay_seconds=30
     )
     now = await redis_time_ms(r)
-    await r.zadd(keys.RETRY_SCHEDULE, {t.task_id: now - 1 for t in tasks})  # type: ignore[union-attr]
+    ids = [t.task_id for t in tasks if isinstance(t, Task)]
+    assert len(ids) == n
+    await r.zadd(keys.RETRY_SCHEDULE, {tid: now - 1 for tid in ids})
     result = await scheduler.tick()
     assert result.claimed == n and len(result.promoted) == n
     assert await r.xlen(keys.stream("default", 5)) == n
