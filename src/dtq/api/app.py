@@ -1,0 +1,196 @@
+"""The ASGI application: :func:`create_app` (the factory, ``uvicorn --factory
+dtq.api:create_app``) and :func:`serve` (a blocking uvicorn run, for ``dtq api``/``dtq dev``).
+
+The app is a thin layer over the core: validation is :meth:`dtq.models.SubmitRequest.build`,
+state rules are the Lua scripts behind :mod:`dtq.store` and :mod:`dtq.admin`. At start (the
+lifespan) it connects one Redis client, ensures the ``workers`` group on the default queue's
+streams, starts the WebSocket event hub, and warns when auth is off or Redis is not set up for
+durability; at stop it closes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, WebSocket
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+from redis.exceptions import RedisError
+
+from dtq import __version__, client
+from dtq.api import routes_admin, routes_ops, routes_tasks
+from dtq.api.deps import ApiState
+from dtq.api.errors import install_error_handlers
+from dtq.api.limits import BodyLimitMiddleware, RequestIdMiddleware, max_body_bytes
+from dtq.api.ws import EventHub, serve_client
+from dtq.config import Settings, load_settings
+from dtq.errors import ConfigError
+
+__all__ = ["ApiState", "create_app", "load_task_types", "serve"]
+
+log = logging.getLogger("dtq.api")
+
+DEFAULT_QUEUE = "default"
+
+
+def load_task_types(
+    settings: Settings,
+) -> tuple[frozenset[str] | None, dict[str, type[BaseModel]]]:
+    """Import the task modules (the current directory first on ``sys.path``, like the worker,
+    DESIGN 9) and return the registered task types and their payload models.
+
+    No modules configured: ``None`` (any well-formed task_type is accepted)."""
+    modules = settings.task_module_list
+    if not modules:
+        return None, {}
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(
+                f"invalid configuration: DTQ_TASK_MODULES: cannot import {name!r}: {exc}"
+            ) from None
+    from dtq_tasks import registry
+
+    handlers = registry()
+    models = {n: h.payload_model for n, h in handlers.items() if h.payload_model is not None}
+    return frozenset(handlers), models
+
+
+class DtqApp(FastAPI):
+    """FastAPI with dtq's OpenAPI tweaks: errors are 400 with our body, never 422."""
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema:
+            return self.openapi_schema
+        schema = get_openapi(
+            title=self.title,
+            version=self.version,
+            description=self.description,
+            routes=self.routes,
+        )
+        for path in schema.get("paths", {}).values():
+            for op in path.values():
+                if isinstance(op, dict):
+                    op.get("responses", {}).pop("422", None)
+        comps = schema.get("components", {}).get("schemas", {})
+        comps.pop("HTTPValidationError", None)
+        comps.pop("ValidationError", None)
+        self.openapi_schema = schema
+        return schema
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the dtq HTTP API; ``settings`` default to the environment (DTQ_*)."""
+    settings = settings or load_settings()
+    known_types, payload_models = load_task_types(settings)
+    state = ApiState(settings, known_types, payload_models)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await _start(state)
+        try:
+            yield
+        finally:
+            await _stop(state)
+
+    app = DtqApp(
+        title="dtq",
+        version=__version__,
+        description=(
+            "HTTP API of dtq, a distributed task queue on Redis Streams. "
+            'Every error has the body {"error": {"code", "message", "details"}}.'
+        ),
+        lifespan=lifespan,
+    )
+    app.state.dtq = state
+    install_error_handlers(app)
+    app.include_router(routes_tasks.router)
+    app.include_router(routes_admin.router)
+    app.include_router(routes_ops.router)
+
+    async def events(websocket: WebSocket) -> None:
+        if state.hub is None:
+            await websocket.close(code=1011, reason="the event hub is not running")
+            return
+        await serve_client(websocket, state.hub, websocket.query_params.multi_items())
+
+    app.add_api_websocket_route(settings.ws_path, events, name="events")
+    # Added last = outermost: the request id is set before the body limit can refuse.
+    app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes(settings.max_payload_bytes))
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+async def _start(state: ApiState) -> None:
+    s = state.settings
+    if not s.api_key:
+        log.warning(
+            "DTQ_API_KEY is not set: destructive operations are open to anyone who can reach "
+            "the API (local development mode)"
+        )
+    if state.known_types is None:
+        log.warning("DTQ_TASK_MODULES is empty: any well-formed task_type is accepted")
+    queue = await client.connect(settings=s, known_types=state.known_types)
+    try:
+        await queue.store.ensure_groups(DEFAULT_QUEUE)
+        await _warn_durability(queue)
+        hub = EventHub(queue.redis)
+        await hub.start()
+    except BaseException:
+        await queue.close()
+        raise
+    state.queue, state.hub = queue, hub
+    log.info("dtq API ready (Redis %s, events on %s)", _safe_url(s.redis_url), s.ws_path)
+
+
+def _safe_url(url: str) -> str:
+    """The Redis URL without its password, for logs."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}***@{rest.rpartition('@')[2]}" if "@" in rest else url
+
+
+async def _stop(state: ApiState) -> None:
+    if state.hub is not None:
+        await state.hub.stop()
+        state.hub = None
+    if state.queue is not None:
+        await state.queue.close()
+        state.queue = None
+
+
+async def _warn_durability(queue: client.Queue) -> None:
+    """DESIGN 3: warn when Redis may evict keys or lose acknowledged writes on a crash."""
+    try:
+        policy = await queue.redis.config_get("maxmemory-policy")
+        aof = await queue.redis.config_get("appendonly")
+    except RedisError:
+        return  # CONFIG is often disabled on managed Redis; nothing to check then
+    if policy.get("maxmemory-policy", "noeviction") != "noeviction":
+        log.warning(
+            "Redis maxmemory-policy is %r, not 'noeviction': tasks may be evicted",
+            policy.get("maxmemory-policy"),
+        )
+    if aof.get("appendonly", "yes") != "yes":
+        log.warning("Redis AOF is off: a Redis crash loses the tasks written since the last save")
+
+
+def serve(settings: Settings, host: str | None = None, port: int | None = None) -> None:
+    """Run the API with uvicorn until interrupted (blocking)."""
+    uvicorn.run(
+        create_app(settings),
+        host=host or settings.api_host,
+        port=port or settings.api_port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=5,
+    )

@@ -1,0 +1,196 @@
+"""Task routes (contract section 11): submit, get, list, cancel; extensions history, expire."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+
+from dtq import admin
+from dtq.api.auth import RequireOperator
+from dtq.api.deps import ApiState, State, check_task_id
+from dtq.api.errors import responses
+from dtq.errors import InvalidTaskError, TaskRunningError
+from dtq.models import QUEUE_RE, HistoryEntry, SubmitRequest, Task, TaskStatus
+from dtq.store import RECENT_CAP
+
+__all__ = ["ChangeResult", "HistoryResponse", "TaskList", "router"]
+
+router = APIRouter(prefix="/api/v1", tags=["tasks"])
+
+# SubmitRequest.build takes these two as arguments of its own: as body fields they are unknown.
+_RESERVED = ("settings", "known_types")
+
+
+class TaskList(BaseModel):
+    tasks: list[Task]
+
+
+class HistoryResponse(BaseModel):
+    task_id: str
+    history: list[HistoryEntry]
+
+
+class ChangeResult(BaseModel):
+    """The outcome of a state change requested through the API."""
+
+    task_id: str
+    status: TaskStatus
+    previous_status: TaskStatus
+
+
+def _submit_body_schema() -> dict[str, Any]:
+    schema = SubmitRequest.model_json_schema()
+    schema["additionalProperties"] = False
+    return schema
+
+
+_SUBMIT_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _submit_body_schema()}},
+    }
+}
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or INVALID_TASK (never a 500 or a 422)."""
+
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        value = json.loads(raw, parse_constant=no_constants)
+    except RecursionError:
+        raise InvalidTaskError("request body: JSON nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidTaskError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidTaskError("request body must be a JSON object")
+    return value
+
+
+def _check_payload(state: ApiState, req: SubmitRequest) -> None:
+    """A handler that declares ``payload_model`` gets its payload checked at ingest."""
+    model = state.payload_models.get(req.task_type)
+    if model is None:
+        return
+    try:
+        model.model_validate(req.payload)
+    except ValidationError as exc:
+        errors = [
+            {
+                "field": ".".join(("payload", *(str(p) for p in e.get("loc", ())))),
+                "message": str(e.get("msg", "invalid")),
+            }
+            for e in exc.errors()
+        ]
+        first = errors[0]
+        raise InvalidTaskError(
+            f"{first['field']}: {first['message']}", task_type=req.task_type, errors=errors
+        ) from None
+
+
+@router.post(
+    "/tasks",
+    status_code=202,
+    response_model=Task,
+    summary="Submit a task",
+    responses={
+        200: {"model": Task, "description": "Idempotent replay: the stored task, duplicate=true"},
+        202: {"description": "Accepted: the new task"},
+        **responses(400, 404, 409, 429),
+    },
+    openapi_extra=_SUBMIT_OPENAPI,
+)
+async def submit_task(
+    request: Request,
+    state: State,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="Wins over the body's idempotency_key; scope is (queue, key).",
+        ),
+    ] = None,
+) -> JSONResponse:
+    fields = _json_object(await request.body())
+    for name in _RESERVED:
+        if name in fields:
+            raise InvalidTaskError(f"{name}: Extra inputs are not permitted", field=name)
+    if idempotency_key is not None:
+        fields["idempotency_key"] = idempotency_key
+    req = SubmitRequest.build(state.settings, state.known_types, **fields)
+    _check_payload(state, req)
+    task = await state.store.submit(req)
+    return JSONResponse(
+        task.public_dict(),
+        status_code=200 if task.duplicate else 202,
+        headers={"Location": f"/api/v1/tasks/{task.task_id}"},
+    )
+
+
+@router.get("/tasks/{task_id}", response_model=Task, responses=responses(404))
+async def get_task(task_id: str, state: State) -> Task:
+    """The task with its execution metadata and result."""
+    return await state.store.get(check_task_id(task_id))
+
+
+@router.get("/tasks", response_model=TaskList, responses=responses(400))
+async def list_tasks(
+    state: State,
+    queue: Annotated[str | None, Query(pattern=QUEUE_RE.pattern)] = None,
+    status: TaskStatus | None = None,
+    task_type: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=RECENT_CAP)] = 50,
+) -> TaskList:
+    """Recent tasks first, filtered by queue, status and (extension) task_type."""
+    tasks = await state.store.list(queue=queue, status=status, task_type=task_type, limit=limit)
+    return TaskList(tasks=tasks)
+
+
+@router.post(
+    "/tasks/{task_id}/cancel",
+    status_code=202,
+    response_model=ChangeResult,
+    responses=responses(401, 403, 404, 409, 410),
+)
+async def cancel_task(task_id: str, state: State, op: RequireOperator) -> ChangeResult:
+    """202 cancelled (it had not started); 409 TASK_RUNNING (cancellation requested, the
+    worker stops it); 410 TASK_TERMINAL; 404."""
+    check_task_id(task_id)
+    try:
+        previous = await admin.cancel(state.store, task_id, audit=op.audit())
+    except TaskRunningError:
+        op.log("cancel_requested", task_id)
+        raise
+    op.log("cancel", task_id, previous_status=previous)
+    return ChangeResult(
+        task_id=task_id, status=TaskStatus.CANCELLED, previous_status=TaskStatus(previous)
+    )
+
+
+@router.get("/tasks/{task_id}/history", response_model=HistoryResponse, responses=responses(404))
+async def task_history(task_id: str, state: State) -> HistoryResponse:
+    """Extension (DESIGN 7): every state change of the task, oldest first."""
+    history = await state.store.history(check_task_id(task_id))
+    return HistoryResponse(task_id=task_id, history=history)
+
+
+@router.post(
+    "/tasks/{task_id}/expire",
+    response_model=ChangeResult,
+    responses=responses(401, 403, 404, 409),
+)
+async def expire_task(task_id: str, state: State, op: RequireOperator) -> ChangeResult:
+    """Extension (DESIGN 6): mark a task that has not started EXPIRED now; any other status is
+    409 INVALID_TRANSITION naming it."""
+    check_task_id(task_id)
+    previous = await admin.expire(state.store, task_id, audit=op.audit())
+    op.log("expire", task_id, previous_status=previous)
+    return ChangeResult(
+        task_id=task_id, status=TaskStatus.EXPIRED, previous_status=TaskStatus(str(previous))
+    )

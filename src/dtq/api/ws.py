@@ -1,0 +1,272 @@
+"""WebSocket event fan-out (contract sections 7, 8): ``/ws/events``.
+
+One Redis pub/sub subscription to ``dtq:events`` per process (:class:`EventHub`) feeds every
+connected client through its own bounded buffer of ``BUFFER_SIZE`` events. The slow-client
+policy, for a client that reads slower than events arrive:
+
+1. while its buffer has room, every matching event is kept, in order;
+2. buffer full, a non-terminal event arrives: that event is dropped;
+3. buffer full, a terminal event arrives (``dtq.events.TERMINAL_EVENTS``): the oldest
+   non-terminal event in the buffer is dropped to make room, so terminal events are kept;
+4. buffer full of terminal events and one more arrives: the client is past the cap. It stops
+   receiving new events, gets what its buffer holds (within ``CLOSE_GRACE_S``), and is closed
+   with code 1013 (try again later) and a reason naming the cap and the count dropped.
+
+A client's memory is thus bounded by the buffer (plus the transport's own write buffer);
+the server never holds more for a client that stops reading. Filters, from the query string:
+``queue``, ``task_id`` and ``type`` (each a comma-separated list; an event must match all the
+filters given). An unknown event type closes the connection with 1008 and a reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from fastapi import WebSocket, WebSocketDisconnect
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from dtq import keys
+from dtq.events import TERMINAL_EVENTS
+from dtq.models import EVENT_TYPES
+
+__all__ = ["BUFFER_SIZE", "CLOSE_GRACE_S", "EventFilter", "EventHub", "Subscriber", "serve_client"]
+
+log = logging.getLogger("dtq.api.ws")
+
+BUFFER_SIZE = 1000
+CLOSE_GRACE_S = 5.0
+CLOSE_SLOW = 1013  # "try again later": the client could not keep up
+CLOSE_POLICY = 1008  # bad filter
+_RECONNECT_MAX_S = 5.0
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    """Which events a client wants; an empty set means any."""
+
+    queues: frozenset[str] = frozenset()
+    task_ids: frozenset[str] = frozenset()
+    types: frozenset[str] = frozenset()
+
+    @classmethod
+    def parse(cls, queue: str | None, task_id: str | None, etype: str | None) -> EventFilter:
+        types = _split(etype)
+        unknown = sorted(t for t in types if t not in EVENT_TYPES)
+        if unknown:
+            raise ValueError(f"unknown event type(s): {', '.join(unknown)}")
+        return cls(_split(queue), _split(task_id), types)
+
+    def matches(self, etype: str, queue: str | None, task_id: str | None) -> bool:
+        return (
+            (not self.types or etype in self.types)
+            and (not self.queues or queue in self.queues)
+            and (not self.task_ids or task_id in self.task_ids)
+        )
+
+
+def _split(value: str | None) -> frozenset[str]:
+    return frozenset(v.strip() for v in (value or "").split(",") if v.strip())
+
+
+@dataclass(eq=False)
+class Subscriber:
+    """One client's bounded buffer and the policy above."""
+
+    filter: EventFilter
+    capacity: int = BUFFER_SIZE
+    buffer: deque[tuple[str, bool]] = field(default_factory=deque)
+    non_terminal: int = 0  # how many buffered events are non-terminal
+    dropped: int = 0
+    overflowed: bool = False
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def offer(self, raw: str, terminal: bool) -> None:
+        if self.overflowed:
+            return
+        if len(self.buffer) >= self.capacity:
+            if not terminal:
+                self.dropped += 1
+                return
+            if not self._evict_non_terminal():
+                self.dropped += 1
+                self.overflowed = True
+                self.wakeup.set()
+                return
+        self.buffer.append((raw, terminal))
+        if not terminal:
+            self.non_terminal += 1
+        self.wakeup.set()
+
+    def _evict_non_terminal(self) -> bool:
+        if not self.non_terminal:
+            return False
+        for i, (_, terminal) in enumerate(self.buffer):
+            if not terminal:
+                del self.buffer[i]
+                self.non_terminal -= 1
+                self.dropped += 1
+                return True
+        return False  # pragma: no cover - non_terminal counts the buffer exactly
+
+    def pop(self) -> str | None:
+        if not self.buffer:
+            return None
+        raw, terminal = self.buffer.popleft()
+        if not terminal:
+            self.non_terminal -= 1
+        return raw
+
+    async def wait(self) -> None:
+        """Until there is an event to send or the client overflowed."""
+        while not self.buffer and not self.overflowed:
+            self.wakeup.clear()
+            await self.wakeup.wait()
+
+
+@dataclass
+class HubStats:
+    clients: int = 0
+    events: int = 0
+    dropped: int = 0
+    disconnected_slow: int = 0
+    max_buffered: int = 0
+
+
+class EventHub:
+    """The process's one subscription to ``dtq:events``, fanned out to subscribers."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self.subscribers: set[Subscriber] = set()
+        self.stats = HubStats()
+        self._task: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="dtq-event-hub")
+        # Subscribe before serving, so a client connected right after start misses nothing.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._subscribed.wait(), 5)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def add(self, flt: EventFilter, capacity: int = BUFFER_SIZE) -> Subscriber:
+        sub = Subscriber(flt, capacity)
+        self.subscribers.add(sub)
+        self.stats.clients = len(self.subscribers)
+        return sub
+
+    def remove(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+        self.stats.clients = len(self.subscribers)
+        self.stats.dropped += sub.dropped
+        sub.dropped = 0
+
+    def publish_local(self, raw: str) -> None:
+        """Hand one raw event to every matching subscriber (the reader calls this)."""
+        try:
+            ev = json.loads(raw)
+            etype = str(ev["type"])
+        except (ValueError, KeyError, TypeError):
+            log.debug("ignoring a malformed event on %s", keys.EVENTS)
+            return
+        self.stats.events += 1
+        terminal = etype in TERMINAL_EVENTS
+        queue, task_id = ev.get("queue"), ev.get("task_id")
+        gone: list[Subscriber] = []
+        for sub in self.subscribers:
+            if not sub.filter.matches(etype, queue, task_id):
+                continue
+            sub.offer(raw, terminal)
+            self.stats.max_buffered = max(self.stats.max_buffered, len(sub.buffer))
+            if sub.overflowed:
+                gone.append(sub)
+        for sub in gone:
+            self.stats.disconnected_slow += 1
+            self.subscribers.discard(sub)
+        self.stats.clients = len(self.subscribers)
+
+    async def _run(self) -> None:
+        delay = 0.1
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(keys.EVENTS)
+                self._subscribed.set()
+                delay = 0.1
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is not None and msg.get("type") == "message":
+                        data = msg["data"]
+                        self.publish_local(data if isinstance(data, str) else data.decode())
+            except (RedisError, OSError) as exc:
+                log.warning("event subscription lost (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RECONNECT_MAX_S)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+async def serve_client(ws: WebSocket, hub: EventHub, params: Iterable[tuple[str, str]]) -> None:
+    """Run one WebSocket client until it leaves, overflows, or the server stops."""
+    query = dict(params)
+    await ws.accept()
+    try:
+        flt = EventFilter.parse(query.get("queue"), query.get("task_id"), query.get("type"))
+    except ValueError as exc:
+        await ws.close(code=CLOSE_POLICY, reason=str(exc)[:120])
+        return
+    sub = hub.add(flt)
+    pump = asyncio.create_task(_pump(ws, sub))
+    listen = asyncio.create_task(_until_disconnect(ws))
+    try:
+        done, _ = await asyncio.wait({pump, listen}, return_when=asyncio.FIRST_COMPLETED)
+        if pump in done and not pump.cancelled() and pump.exception() is None and sub.overflowed:
+            log.info("closed a slow WebSocket client: %d events dropped", sub.dropped)
+    finally:
+        hub.remove(sub)
+        for t in (pump, listen):
+            t.cancel()
+        for t in (pump, listen):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+
+async def _pump(ws: WebSocket, sub: Subscriber) -> None:
+    """Send buffered events in order; after an overflow, flush within the grace, then close."""
+    try:
+        while True:
+            await sub.wait()
+            if sub.overflowed:
+                async with asyncio.timeout(CLOSE_GRACE_S):
+                    while (raw := sub.pop()) is not None:
+                        await ws.send_text(raw)
+                    reason = f"slow consumer: buffer of {sub.capacity} full, {sub.dropped} dropped"
+                    await ws.close(code=CLOSE_SLOW, reason=reason)
+                return
+            raw = sub.pop()
+            if raw is not None:
+                await ws.send_text(raw)
+    except (WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
+        return  # the client left, or did not read within the grace
+
+
+async def _until_disconnect(ws: WebSocket) -> None:
+    """Read (and ignore) what the client sends, until it disconnects."""
+    while True:
+        message = await ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return

@@ -1,0 +1,107 @@
+"""Shared fixtures and task types of the API tests (no tests here).
+
+The API is driven through its ASGI app (httpx.AsyncClient + ASGITransport) with the app's
+lifespan running, against the real redis-server of tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from pydantic import BaseModel, Field
+
+from dtq.api import create_app
+from dtq.config import Settings
+from dtq_tasks import TaskContext, task
+
+API_KEY = "s3cret-test-key"
+MODULE = __name__
+
+
+class TypedPayload(BaseModel):
+    n: int = Field(ge=0)
+
+
+@task("api_echo")
+async def api_echo(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    return payload
+
+
+@task("api_typed", payload_model=TypedPayload)
+async def api_typed(payload: dict[str, Any], ctx: TaskContext) -> int:
+    return int(payload["n"]) * 2
+
+
+def api_settings(settings: Settings, **overrides: Any) -> Settings:
+    """The test settings with this module as the task module (its types are registered)."""
+    return settings.model_copy(update={"task_modules": MODULE, **overrides})
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], within_s: float = 5.0, every_s: float = 0.02
+) -> None:
+    deadline = time.monotonic() + within_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within_s} s")
+        await asyncio.sleep(every_s)
+
+
+class Api:
+    """An app with its lifespan running and an HTTP client on it."""
+
+    def __init__(self, app: FastAPI, client: httpx.AsyncClient) -> None:
+        self.app = app
+        self.client = client
+
+    async def submit(self, status: int = 202, **body: Any) -> dict[str, Any]:
+        body.setdefault("task_type", "api_echo")
+        body.setdefault("payload", {})
+        resp = await self.client.post("/api/v1/tasks", json=body)
+        assert resp.status_code == status, resp.text
+        data: dict[str, Any] = resp.json()
+        return data
+
+
+async def start_api(settings: Settings) -> AsyncIterator[Api]:
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://dtq.test") as client:
+            yield Api(app, client)
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[Api]:
+    """The API with auth off (DTQ_API_KEY unset: local development)."""
+    async for a in start_api(api_settings(settings)):
+        yield a
+
+
+@pytest.fixture
+async def api_auth(settings: Settings) -> AsyncIterator[Api]:
+    """The API with DTQ_API_KEY set."""
+    async for a in start_api(api_settings(settings, api_key=API_KEY)):
+        yield a
+
+
+def error_of(resp: httpx.Response) -> dict[str, Any]:
+    """The error object of an error response, checking the one shape every error has."""
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    err: dict[str, Any] = body["error"]
+    assert set(err) == {"code", "message", "details"}, err
+    assert isinstance(err["message"], str) and err["message"]
+    assert isinstance(err["details"], dict)
+    assert resp.headers.get("x-request-id"), "every response carries X-Request-ID"
+    return err
+
+
+assert MODULE in sys.modules
