@@ -12,14 +12,22 @@ from pathlib import Path
 import httpx
 import pytest
 from redis.asyncio import Redis
+from test_api_support import Api, api_settings, error_of, running_api
 
 from dtq import keys
 from dtq.api.limits import ENVELOPE_BYTES
 from dtq.config import Settings
 from dtq.devserver import start_redis
-from test_api_support import Api, api, api_settings, error_of, start_api  # noqa: F401
 
 pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[Api]:
+    """The API with auth off (DTQ_API_KEY unset: local development)."""
+    async with running_api(api_settings(settings)) as running:
+        yield running
+
 
 MB = 1024 * 1024
 
@@ -45,12 +53,10 @@ async def test_ready_is_503_naming_missing_consumer_groups(api: Api, r: Redis) -
     assert keys.stream("default", 0) in err["details"]["checks"]["consumer_groups"]
 
 
-async def test_redis_gone_is_503_on_ready_and_on_routes(
-    settings: Settings, tmp_path: Path
-) -> None:
+async def test_redis_gone_is_503_on_ready_and_on_routes(settings: Settings, tmp_path: Path) -> None:
     server = start_redis(tmp_path / "redis")
     try:
-        async for api in start_api(api_settings(settings, redis_url=server.url)):
+        async with running_api(api_settings(settings, redis_url=server.url)) as api:
             assert (await api.client.get("/ready")).status_code == 200
             server.stop()
             ready = await api.client.get("/ready")
@@ -79,7 +85,7 @@ async def test_startup_warns_when_auth_is_off(
     settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="dtq.api")
-    async for api in start_api(api_settings(settings)):
+    async with running_api(api_settings(settings)) as api:
         assert (await api.client.get("/health")).status_code == 200
     assert any("DTQ_API_KEY is not set" in rec.getMessage() for rec in caplog.records)
 
@@ -141,7 +147,7 @@ async def test_streamed_50mb_chunked_body_is_refused_with_flat_memory(api: Api, 
 
 
 async def test_a_body_just_under_the_limit_is_parsed(settings: Settings) -> None:
-    async for api in start_api(api_settings(settings, max_payload_bytes=1000)):
+    async with running_api(api_settings(settings, max_payload_bytes=1000)) as api:
         padding = " " * (1000 + ENVELOPE_BYTES - 100)
         body = '{"task_type": "api_echo",' + padding + '"payload": {}}'
         assert len(body) <= 1000 + ENVELOPE_BYTES

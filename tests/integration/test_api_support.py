@@ -7,13 +7,13 @@ lifespan running, against the real redis-server of tests/conftest.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
-import pytest
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
@@ -70,26 +70,14 @@ class Api:
         return data
 
 
-async def start_api(settings: Settings) -> AsyncIterator[Api]:
+@contextlib.asynccontextmanager
+async def running_api(settings: Settings) -> AsyncIterator[Api]:
+    """The app built from ``settings``, its lifespan running, with a client on it."""
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://dtq.test") as client:
             yield Api(app, client)
-
-
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[Api]:
-    """The API with auth off (DTQ_API_KEY unset: local development)."""
-    async for a in start_api(api_settings(settings)):
-        yield a
-
-
-@pytest.fixture
-async def api_auth(settings: Settings) -> AsyncIterator[Api]:
-    """The API with DTQ_API_KEY set."""
-    async for a in start_api(api_settings(settings, api_key=API_KEY)):
-        yield a
 
 
 def error_of(resp: httpx.Response) -> dict[str, Any]:

@@ -4,17 +4,25 @@ history and expire (extensions), idempotency header vs body, request ids, error 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from test_api_support import Api, api_settings, error_of, running_api
 
 from dtq import keys
 from dtq.config import Settings
-from test_api_support import Api, api, api_settings, error_of, start_api  # noqa: F401
 
 pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[Api]:
+    """The API with auth off (DTQ_API_KEY unset: local development)."""
+    async with running_api(api_settings(settings)) as running:
+        yield running
 
 
 # -- submit ---------------------------------------------------------------------------------------
@@ -124,7 +132,7 @@ async def test_payload_model_accepts_a_valid_payload(api: Api) -> None:
 
 
 async def test_payload_limit_is_exact_on_the_compact_json(settings: Settings) -> None:
-    async for api in start_api(api_settings(settings, max_payload_bytes=1000)):
+    async with running_api(api_settings(settings, max_payload_bytes=1000)) as api:
         # {"s":"..."} is 8 bytes of JSON around the string.
         exact = await api.client.post(
             "/api/v1/tasks", json={"task_type": "api_echo", "payload": {"s": "x" * 992}}
@@ -140,7 +148,7 @@ async def test_payload_limit_is_exact_on_the_compact_json(settings: Settings) ->
 
 
 async def test_queue_full_is_429_with_retry_after(settings: Settings) -> None:
-    async for api in start_api(api_settings(settings, max_queue_depth=2)):
+    async with running_api(api_settings(settings, max_queue_depth=2)) as api:
         await api.submit()
         await api.submit()
         resp = await api.client.post("/api/v1/tasks", json={"task_type": "api_echo"})
