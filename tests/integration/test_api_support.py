@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from dtq.api import create_app
 from dtq.config import Settings
-from dtq_tasks import TaskContext, task
+from dtq_tasks import PermanentError, TaskContext, task
 
 API_KEY = "s3cret-test-key"
 MODULE = __name__
@@ -39,9 +39,47 @@ async def api_typed(payload: dict[str, Any], ctx: TaskContext) -> int:
     return int(payload["n"]) * 2
 
 
+@task("api_fail")
+async def api_fail(payload: dict[str, Any], ctx: TaskContext) -> None:
+    raise PermanentError(str(payload.get("why", "boom")))
+
+
+@task("api_sleep")
+async def api_sleep(payload: dict[str, Any], ctx: TaskContext) -> None:
+    await asyncio.sleep(float(payload.get("s", 30)))
+
+
 def api_settings(settings: Settings, **overrides: Any) -> Settings:
-    """The test settings with this module as the task module (its types are registered)."""
-    return settings.model_copy(update={"task_modules": MODULE, **overrides})
+    """The test settings with this module as the task module (its types are registered), and
+    the worker's intervals shrunk."""
+    fast = {
+        "task_modules": MODULE,
+        "heartbeat_interval_s": 0.5,
+        "visibility_timeout_s": 5,
+        "drain_timeout_s": 2,
+        "scheduler_interval_s": 0.1,
+    }
+    return settings.model_copy(update={**fast, **overrides})
+
+
+@contextlib.asynccontextmanager
+async def running_worker(settings: Settings, queues: tuple[str, ...] = ("default",)) -> Any:
+    """A real worker (dtq.worker) serving ``queues`` in this event loop, stopped at the end."""
+    from dtq.worker.worker import Worker
+
+    worker = Worker(settings, queues=queues, concurrency=4)
+    run = asyncio.create_task(worker.run())
+    started = asyncio.create_task(worker.started.wait())
+    await asyncio.wait({run, started}, timeout=15, return_when=asyncio.FIRST_COMPLETED)
+    if run.done():
+        started.cancel()
+        run.result()  # raises what stopped it
+    assert worker.started.is_set(), "the worker did not start within 15 s"
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(run, 30)
 
 
 async def wait_until(

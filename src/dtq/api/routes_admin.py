@@ -78,7 +78,7 @@ async def get_queue(queue: QueueName, state: State) -> QueueStats:
 
 async def _set_paused(state: State, op: RequireOperator, queue: str, paused: bool) -> PauseResult:
     changed = await admin.set_paused(state.store, queue, paused, audit=op.audit())
-    op.log("pause" if paused else "resume", queue, changed=changed)
+    op.log("queue_pause" if paused else "queue_resume", queue, changed=changed)
     return PauseResult(queue=queue, paused=paused, changed=changed)
 
 
@@ -100,7 +100,7 @@ async def purge_queue(queue: QueueName, state: State, op: RequireOperator) -> Qu
     """Extension: cancel every task of the queue that has not started (metadata.purged=true);
     running tasks are untouched."""
     cancelled = await admin.purge_queue(state.store, queue, audit=op.audit())
-    op.log("purge_queue", queue, cancelled=cancelled)
+    op.log("purge", queue, cancelled=cancelled)
     return QueuePurged(queue=queue, cancelled=cancelled)
 
 
@@ -144,8 +144,9 @@ async def get_dead_letter(task_id: str, state: State) -> DeadLetter:
 @router.post("/dlq/{task_id}/requeue", response_model=Task, responses=responses(401, 403, 404, 409))
 async def requeue_dead_letter(task_id: str, state: State, op: RequireOperator) -> Task:
     """Back to QUEUED with attempt 0; earlier attempts kept in metadata.previous_attempts; the
-    entry leaves the DLQ stream."""
-    task = await admin.dlq_requeue(state.store, check_dlq_id(task_id), audit=op.audit())
+    entry leaves the DLQ stream. 404 TASK_NOT_FOUND or NOT_IN_DLQ (any other status, an expired
+    or discarded task); 409 INVALID_TRANSITION when its deadline has passed."""
+    task = await admin.dlq_requeue(state.store, check_task_id(task_id), audit=op.audit())
     op.log("dlq_requeue", task_id)
     return task
 
@@ -154,13 +155,13 @@ async def requeue_dead_letter(task_id: str, state: State, op: RequireOperator) -
 async def discard_dead_letter(task_id: str, state: State, op: RequireOperator) -> Discarded:
     """Remove the entry from the DLQ stream; the task stays DEAD_LETTERED with
     metadata.discarded=true (never destroyed)."""
-    await admin.dlq_discard(state.store, check_dlq_id(task_id), audit=op.audit())
+    await admin.dlq_discard(state.store, check_task_id(task_id), audit=op.audit())
     op.log("dlq_discard", task_id)
     return Discarded(task_id=task_id, discarded=True)
 
 
 def check_dlq_id(task_id: str) -> str:
-    """A DLQ route's id: a malformed one is NOT_IN_DLQ (what the DLQ routes answer)."""
+    """GET /dlq/{task_id}'s id: a malformed one is NOT_IN_DLQ, as an unknown one is."""
     try:
         return check_task_id(task_id)
     except TaskNotFoundError:

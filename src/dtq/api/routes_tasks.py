@@ -165,9 +165,9 @@ async def cancel_task(task_id: str, state: State, op: RequireOperator) -> Change
     try:
         previous = await admin.cancel(state.store, task_id, audit=op.audit())
     except TaskRunningError:
-        op.log("cancel_requested", task_id)
+        op.log("cancel", task_id, outcome="requested")
         raise
-    op.log("cancel", task_id, previous_status=previous)
+    op.log("cancel", task_id, outcome="cancelled", previous_status=previous)
     return ChangeResult(
         task_id=task_id, status=TaskStatus.CANCELLED, previous_status=TaskStatus(previous)
     )
