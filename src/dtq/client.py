@@ -26,14 +26,25 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dtq import admin
+from dtq.admin import Audit
 from dtq.clock import redis_time_ms
 from dtq.config import Settings, load_settings
 from dtq.errors import DtqError, InvalidTaskError, RedisUnavailableError
-from dtq.models import HistoryEntry, SubmitRequest, Task, TaskStatus, ttl_delta_seconds
+from dtq.models import (
+    AuditEntry,
+    DeadLetter,
+    HistoryEntry,
+    QueueStats,
+    SubmitRequest,
+    Task,
+    TaskStatus,
+    WorkerInfo,
+    ttl_delta_seconds,
+)
 from dtq.scripts import Scripts
 from dtq.store import Store, ms_to_dt
 
-__all__ = ["Queue", "SyncQueue", "connect", "connect_sync"]
+__all__ = ["Audit", "Queue", "SyncQueue", "connect", "connect_sync"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -211,21 +222,92 @@ class Queue:
     # -- state changes --------------------------------------------------------------------------
 
     @_redis_errors
-    async def cancel(self, task_id: str) -> Task:
+    async def cancel(self, task_id: str, *, audit: Audit | None = None) -> Task:
         """Cancel a task that has not finished.
 
         Not started: CANCELLED at once. Running: cancellation is requested and
         :class:`dtq.errors.TaskRunningError` says so; the worker stops it within a second.
-        Terminal: :class:`dtq.errors.TaskTerminalError`.
+        Terminal: :class:`dtq.errors.TaskTerminalError`. ``audit``: see :class:`Audit`.
         """
-        await admin.cancel(self.store, task_id)
+        await admin.cancel(self.store, task_id, audit=audit)
         return await self.store.get(task_id)
 
     @_redis_errors
-    async def mark_expired(self, task_id: str) -> Task:
+    async def mark_expired(self, task_id: str, *, audit: Audit | None = None) -> Task:
         """Mark a task that has not started EXPIRED now; any other status is an error."""
-        await admin.expire(self.store, task_id)
+        await admin.expire(self.store, task_id, audit=audit)
         return await self.store.get(task_id)
+
+    # -- dead letters ---------------------------------------------------------------------------
+
+    @_redis_errors
+    async def dlq_list(self, limit: int = 50) -> builtins.list[DeadLetter]:
+        """The newest dead letters first."""
+        return await admin.dlq_list(self.store, limit)
+
+    @_redis_errors
+    async def dlq_get(self, task_id: str) -> DeadLetter:
+        """The task's dead-letter entry; :class:`dtq.errors.NotInDeadLetterError` if none."""
+        return await admin.dlq_get(self.store, task_id)
+
+    @_redis_errors
+    async def requeue_dead_letter(self, task_id: str, *, audit: Audit | None = None) -> Task:
+        """Requeue a dead-lettered task: QUEUED, attempt 0, earlier attempts kept in
+        ``metadata.previous_attempts``, its DLQ entry removed."""
+        return await admin.dlq_requeue(self.store, task_id, audit=audit)
+
+    @_redis_errors
+    async def discard_dead_letter(self, task_id: str, *, audit: Audit | None = None) -> Task:
+        """Remove the task's DLQ entry; the task stays DEAD_LETTERED with
+        ``metadata.discarded = true``. Returns the task as it is now."""
+        await admin.dlq_discard(self.store, task_id, audit=audit)
+        return await self.store.get(task_id)
+
+    @_redis_errors
+    async def purge_dead_letters(self, *, audit: Audit | None = None) -> int:
+        """Empty the DLQ; returns how many entries were removed."""
+        return await admin.dlq_purge(self.store, audit=audit)
+
+    # -- queues ---------------------------------------------------------------------------------
+
+    @_redis_errors
+    async def pause_queue(self, queue: str, *, audit: Audit | None = None) -> bool:
+        """Stop workers from taking the queue's tasks; True if it was not paused already."""
+        return await admin.set_paused(self.store, queue, True, audit=audit)
+
+    @_redis_errors
+    async def resume_queue(self, queue: str, *, audit: Audit | None = None) -> bool:
+        """Let workers take the queue's tasks again; True if it was paused."""
+        return await admin.set_paused(self.store, queue, False, audit=audit)
+
+    @_redis_errors
+    async def purge_queue(self, queue: str, *, audit: Audit | None = None) -> int:
+        """Cancel every task of the queue that has not started; returns how many."""
+        return await admin.purge_queue(self.store, queue, audit=audit)
+
+    @_redis_errors
+    async def queue_stats(self, queue: str) -> QueueStats:
+        return await admin.queue_stats(self.store, queue)
+
+    @_redis_errors
+    async def all_queue_stats(self) -> builtins.list[QueueStats]:
+        return await admin.all_queue_stats(self.store)
+
+    # -- workers and audit ----------------------------------------------------------------------
+
+    @_redis_errors
+    async def workers(self) -> builtins.list[WorkerInfo]:
+        return await admin.workers(self.store)
+
+    @_redis_errors
+    async def worker(self, worker_id: str) -> WorkerInfo:
+        """One worker; :class:`dtq.errors.WorkerNotFoundError` if its hash is gone."""
+        return await admin.worker(self.store, worker_id)
+
+    @_redis_errors
+    async def audit_log(self, limit: int = 50) -> builtins.list[AuditEntry]:
+        """The newest operator actions first."""
+        return await admin.audit_log(self.store, limit)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -309,12 +391,64 @@ class SyncQueue:
         result: datetime = self._run("now")
         return result
 
-    def cancel(self, task_id: str) -> Task:
-        result: Task = self._run("cancel", task_id)
+    def cancel(self, task_id: str, *, audit: Audit | None = None) -> Task:
+        result: Task = self._run("cancel", task_id, audit=audit)
         return result
 
-    def mark_expired(self, task_id: str) -> Task:
-        result: Task = self._run("mark_expired", task_id)
+    def mark_expired(self, task_id: str, *, audit: Audit | None = None) -> Task:
+        result: Task = self._run("mark_expired", task_id, audit=audit)
+        return result
+
+    def dlq_list(self, limit: int = 50) -> builtins.list[DeadLetter]:
+        result: builtins.list[DeadLetter] = self._run("dlq_list", limit)
+        return result
+
+    def dlq_get(self, task_id: str) -> DeadLetter:
+        result: DeadLetter = self._run("dlq_get", task_id)
+        return result
+
+    def requeue_dead_letter(self, task_id: str, *, audit: Audit | None = None) -> Task:
+        result: Task = self._run("requeue_dead_letter", task_id, audit=audit)
+        return result
+
+    def discard_dead_letter(self, task_id: str, *, audit: Audit | None = None) -> Task:
+        result: Task = self._run("discard_dead_letter", task_id, audit=audit)
+        return result
+
+    def purge_dead_letters(self, *, audit: Audit | None = None) -> int:
+        result: int = self._run("purge_dead_letters", audit=audit)
+        return result
+
+    def pause_queue(self, queue: str, *, audit: Audit | None = None) -> bool:
+        result: bool = self._run("pause_queue", queue, audit=audit)
+        return result
+
+    def resume_queue(self, queue: str, *, audit: Audit | None = None) -> bool:
+        result: bool = self._run("resume_queue", queue, audit=audit)
+        return result
+
+    def purge_queue(self, queue: str, *, audit: Audit | None = None) -> int:
+        result: int = self._run("purge_queue", queue, audit=audit)
+        return result
+
+    def queue_stats(self, queue: str) -> QueueStats:
+        result: QueueStats = self._run("queue_stats", queue)
+        return result
+
+    def all_queue_stats(self) -> builtins.list[QueueStats]:
+        result: builtins.list[QueueStats] = self._run("all_queue_stats")
+        return result
+
+    def workers(self) -> builtins.list[WorkerInfo]:
+        result: builtins.list[WorkerInfo] = self._run("workers")
+        return result
+
+    def worker(self, worker_id: str) -> WorkerInfo:
+        result: WorkerInfo = self._run("worker", worker_id)
+        return result
+
+    def audit_log(self, limit: int = 50) -> builtins.list[AuditEntry]:
+        result: builtins.list[AuditEntry] = self._run("audit_log", limit)
         return result
 
     def close(self) -> None:

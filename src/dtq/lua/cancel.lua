@@ -7,8 +7,12 @@
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:retry:schedule
 -- KEYS[4] = dtq:retry:claimed   KEYS[5] = dtq:expiry   KEYS[6] = dtq:stream:<queue>:p<N>
 -- KEYS[7] = dtq:cancelled   KEYS[8] = dtq:idempotency:<queue>:<key> (placeholder when none)
+-- KEYS[9] = dtq:stream:audit
 -- ARGV[1] task_id  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] event_id  [6] reason (e.g. "cancel", "purge")
+-- ARGV[7] audit actor ("" = no audit entry)  [8] audit request_id or ""
+-- An audit entry (action "cancel") is appended when the task was cancelled or its cancellation
+-- requested; a refusal changes nothing and writes none.
 -- Returns {"cancelled", from} | {"requested"} | {"err", "NOT_FOUND"} | {"err", "TERMINAL", status}
 local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'queue', 'task_type', 'attempt',
   'idempotency_key', 'metadata')
@@ -16,6 +20,7 @@ local status = h[1]
 if not status then return {'err', 'NOT_FOUND'} end
 if status == 'running' then
   redis.call('HSET', KEYS[1], 'cancel_requested', '1')
+  audit(KEYS[9], ARGV[7], ARGV[8], 'cancel', ARGV[1], h[3], iso(now_ms()))
   return {'requested'}
 end
 if status ~= 'pending' and status ~= 'queued' and status ~= 'retrying' then
@@ -41,4 +46,5 @@ end
 idem_state(KEYS[8], h[6], ARGV[1], 'failed', ts, ARGV[3])
 hist(KEYS[2], retention, ts, status, 'cancelled', h[5], nil, ARGV[6])
 emit(ARGV[4], ARGV[5], ts, 'TASK_CANCELLED', ARGV[1], h[3], h[4], h[5], nil, {from = status})
+audit(KEYS[9], ARGV[7], ARGV[8], 'cancel', ARGV[1], h[3], ts)
 return {'cancelled', status}

@@ -1,8 +1,4 @@
-"""Operator state changes: cancel, expire (and the expiry sweep).
-
-Each is one Lua script; this module finds the keys a script needs (a task's queue, priority
-and idempotency key decide its stream and record) and maps replies to dtq errors.
-"""
+"""Cancel and expire one task (and the scheduler's expiry sweep): one script call each."""
 
 from __future__ import annotations
 
@@ -10,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from dtq import keys
+from dtq.admin._common import SWEEP_BATCH, Audit, audit_args
 from dtq.errors import (
     InvalidTransitionError,
     TaskNotFoundError,
@@ -21,8 +18,6 @@ from dtq.scripts import Call
 from dtq.store import Store, new_id
 
 __all__ = ["cancel", "expire", "sweep_expired", "task_keys"]
-
-SWEEP_BATCH = 100
 
 
 async def task_keys(store: Store, task_ids: Sequence[str]) -> list[tuple[str, int, str] | None]:
@@ -36,7 +31,9 @@ async def task_keys(store: Store, task_ids: Sequence[str]) -> list[tuple[str, in
     return out
 
 
-def _cancel_call(store: Store, task_id: str, where: tuple[str, int, str], reason: str) -> Call:
+def _cancel_call(
+    store: Store, task_id: str, where: tuple[str, int, str], reason: str, audit: Audit | None
+) -> Call:
     queue, priority, idem = where
     s = store.settings
     return (
@@ -50,21 +47,33 @@ def _cancel_call(store: Store, task_id: str, where: tuple[str, int, str], reason
             keys.stream(queue, priority),
             keys.CANCELLED,
             keys.idempotency(queue, idem),
+            keys.AUDIT,
         ],
-        [task_id, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, new_id(), reason],
+        [
+            task_id,
+            s.task_retention_s,
+            s.idem_ttl_s,
+            keys.EVENTS,
+            new_id(),
+            reason,
+            *audit_args(audit),
+        ],
     )
 
 
-async def cancel(store: Store, task_id: str, *, reason: str = "cancel") -> str:
+async def cancel(
+    store: Store, task_id: str, *, reason: str = "cancel", audit: Audit | None = None
+) -> str:
     """Cancel a task; returns the status it was cancelled from.
 
-    Raises TaskRunningError (cancellation requested), TaskTerminalError, TaskNotFoundError.
+    Raises TaskRunningError (cancellation requested: audited, as it is a change),
+    TaskTerminalError, TaskNotFoundError.
     """
     where = (await task_keys(store, [task_id]))[0]
     if where is None:
         raise TaskNotFoundError(f"task {task_id} not found", task_id=task_id)
-    reply = await store.scripts.call(store.redis, *_cancel_call(store, task_id, where, reason))
-    return _cancel_reply(task_id, reply)
+    call = _cancel_call(store, task_id, where, reason, audit)
+    return _cancel_reply(task_id, await store.scripts.call(store.redis, *call))
 
 
 def _cancel_reply(task_id: str, reply: list[Any]) -> str:
@@ -86,7 +95,9 @@ def _cancel_reply(task_id: str, reply: list[Any]) -> str:
     )
 
 
-def _expire_call(store: Store, task_id: str, where: tuple[str, int, str], mode: str) -> Call:
+def _expire_call(
+    store: Store, task_id: str, where: tuple[str, int, str], mode: str, audit: Audit | None
+) -> Call:
     queue, priority, idem = where
     s = store.settings
     return (
@@ -99,17 +110,27 @@ def _expire_call(store: Store, task_id: str, where: tuple[str, int, str], mode: 
             keys.EXPIRY,
             keys.stream(queue, priority),
             keys.idempotency(queue, idem),
+            keys.AUDIT,
         ],
-        [task_id, mode, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, new_id()],
+        [
+            task_id,
+            mode,
+            s.task_retention_s,
+            s.idem_ttl_s,
+            keys.EVENTS,
+            new_id(),
+            *audit_args(audit),
+        ],
     )
 
 
-async def expire(store: Store, task_id: str) -> str:
+async def expire(store: Store, task_id: str, *, audit: Audit | None = None) -> str:
     """Mark a not-started task EXPIRED now; returns the status it expired from."""
     where = (await task_keys(store, [task_id]))[0]
     if where is None:
         raise TaskNotFoundError(f"task {task_id} not found", task_id=task_id)
-    reply = await store.scripts.call(store.redis, *_expire_call(store, task_id, where, "manual"))
+    call = _expire_call(store, task_id, where, "manual", audit)
+    reply = await store.scripts.call(store.redis, *call)
     if reply[0] == "expired":
         return str(reply[1])
     if reply[1] == "NOT_FOUND":
@@ -138,7 +159,7 @@ async def sweep_expired(store: Store, now_ms: int, limit: int = SWEEP_BATCH) -> 
         if where is None:
             gone.append(tid)
         else:
-            calls.append(_expire_call(store, tid, where, "sweep"))
+            calls.append(_expire_call(store, tid, where, "sweep", None))
     if gone:
         await store.redis.zrem(keys.EXPIRY, *gone)
     replies = await store.scripts.call_many(store.redis, calls)

@@ -1,0 +1,44 @@
+"""Operator operations and the views an operator reads (contract sections 11, 12, 13; DESIGN 10).
+
+State changes are one Lua script each (cancel, expire, dlq_requeue, dlq_discard, set_paused) or
+a run of bounded chunks of one script (dlq_purge, purge_queue: at most ``CHUNK`` tasks per
+call, so no script runs long). These functions find the keys a script needs (a task's queue,
+priority and idempotency key decide its stream and record) and map replies to dtq errors.
+
+``audit``: given an :class:`Audit`, the same script that makes the change appends
+``{actor, action, task_id, queue, ts, request_id}`` to ``dtq:stream:audit`` (MAXLEN ~ 10000),
+so the change and its audit entry are one atomic step. Without one nothing is audited (the
+scheduler's expiry sweep, internal callers).
+
+Modules: ``tasks`` (cancel, expire, sweep), ``dlq`` (dead letters), ``queues`` (pause, resume,
+purge), ``views`` (statistics, workers, audit log). ``docs/operations-admin.md`` describes each
+operation in Redis terms and which values are exact.
+"""
+
+from dtq.admin._common import CHUNK, SWEEP_BATCH, Audit
+from dtq.admin.dlq import dlq_discard, dlq_get, dlq_list, dlq_purge, dlq_requeue
+from dtq.admin.queues import purge_queue, set_paused
+from dtq.admin.tasks import cancel, expire, sweep_expired, task_keys
+from dtq.admin.views import all_queue_stats, audit_log, queue_stats, worker, workers
+
+__all__ = [
+    "CHUNK",
+    "SWEEP_BATCH",
+    "Audit",
+    "all_queue_stats",
+    "audit_log",
+    "cancel",
+    "dlq_discard",
+    "dlq_get",
+    "dlq_list",
+    "dlq_purge",
+    "dlq_requeue",
+    "expire",
+    "purge_queue",
+    "queue_stats",
+    "set_paused",
+    "sweep_expired",
+    "task_keys",
+    "worker",
+    "workers",
+]

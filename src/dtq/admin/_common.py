@@ -1,0 +1,73 @@
+"""What every admin operation shares: the audit identity, limits, small parsing helpers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, cast
+
+from dtq.errors import InvalidTaskError
+from dtq.models import QUEUE_RE
+
+__all__ = [
+    "CHUNK",
+    "LIST_CAP",
+    "PREVIOUS_ATTEMPTS_CAP",
+    "SCAN_CHUNK",
+    "STALE_HEARTBEATS",
+    "SWEEP_BATCH",
+    "Audit",
+    "StreamRows",
+    "audit_args",
+    "check_queue",
+    "load_metadata",
+    "stream_rows",
+]
+
+SWEEP_BATCH = 100  # tasks per expiry sweep batch
+CHUNK = 100  # tasks per script call of a purge, so no script runs long
+LIST_CAP = 10_000  # most entries a list view returns (the DLQ and audit streams hold ~10,000)
+SCAN_CHUNK = 1_000  # stream entries or zset members read per round trip while scanning
+PREVIOUS_ATTEMPTS_CAP = 10  # earlier lives kept in metadata.previous_attempts
+STALE_HEARTBEATS = 3  # a worker is stale past 3 heartbeat intervals (contract section 6)
+CAS_TRIES = 5  # reads + compare-and-set script calls before giving up on a changing task
+
+StreamRows = list[tuple[str, dict[str, str]]]
+"""XRANGE/XREVRANGE reply of a decode_responses client."""
+
+
+@dataclass(frozen=True)
+class Audit:
+    """Who asked for an operation: ``actor`` (e.g. ``api:<key id>``, ``cli:<user>@<host>``) and
+    the request it came with. Given to an operation, it makes the operation's script append one
+    entry to ``dtq:stream:audit`` atomically with the change."""
+
+    actor: str
+    request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.actor:
+            raise ValueError("Audit.actor must not be empty")
+
+
+def audit_args(audit: Audit | None) -> list[str]:
+    """The two ARGV values (actor, request_id) every admin script takes; "" = no audit."""
+    return ["", ""] if audit is None else [audit.actor, audit.request_id or ""]
+
+
+def check_queue(queue: str) -> None:
+    if not isinstance(queue, str) or not QUEUE_RE.fullmatch(queue):
+        raise InvalidTaskError(
+            f"queue {queue!r} is not a valid queue name (it must match {QUEUE_RE.pattern})",
+            field="queue",
+        )
+
+
+def load_metadata(raw: str | None) -> dict[str, Any]:
+    """A task's metadata field as a dict (it is always a JSON object when dtq wrote it)."""
+    value = json.loads(raw) if raw else {}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def stream_rows(reply: Any) -> StreamRows:
+    return cast(StreamRows, reply or [])

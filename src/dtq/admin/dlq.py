@@ -1,0 +1,259 @@
+"""Dead letters: list, get, requeue, discard, purge (contract section 11).
+
+The metadata a script writes (previous_attempts, discarded) is built here with Python's json and
+compare-and-set by the script against the metadata read: Lua's cjson would turn ``[]`` into
+``{}`` and round large integers in a user's metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+from dtq import keys
+from dtq.admin._common import (
+    CAS_TRIES,
+    CHUNK,
+    LIST_CAP,
+    PREVIOUS_ATTEMPTS_CAP,
+    SCAN_CHUNK,
+    Audit,
+    audit_args,
+    load_metadata,
+    stream_rows,
+)
+from dtq.errors import InvalidTransitionError, NotInDeadLetterError, TaskNotFoundError
+from dtq.models import DeadLetter, Task, TaskStatus, compact_json
+from dtq.store import Store, new_id
+
+__all__ = ["dlq_discard", "dlq_get", "dlq_list", "dlq_purge", "dlq_requeue"]
+
+
+async def dlq_list(store: Store, limit: int = 50) -> list[DeadLetter]:
+    """The newest ``limit`` dead letters first (XREVRANGE)."""
+    limit = max(1, min(limit, LIST_CAP))
+    rows = stream_rows(await store.redis.xrevrange(keys.DEAD_LETTER, "+", "-", count=limit))
+    return [DeadLetter.from_entry(eid, fields) for eid, fields in rows]
+
+
+async def _find_dlq_entry(
+    store: Store, task_id: str, hint: str | None
+) -> tuple[str, dict[str, str]] | None:
+    """The task's DLQ entry: the hash's ``dlq_entry_id`` first, else a scan, newest first."""
+    redis = store.redis
+    if hint:
+        rows = stream_rows(await redis.xrange(keys.DEAD_LETTER, hint, hint))
+        if rows and rows[0][1].get("task_id") == task_id:
+            return rows[0][0], rows[0][1]
+    top = "+"
+    while True:
+        rows = stream_rows(await redis.xrevrange(keys.DEAD_LETTER, top, "-", count=SCAN_CHUNK))
+        for eid, fields in rows:
+            if fields.get("task_id") == task_id:
+                return eid, fields
+        if len(rows) < SCAN_CHUNK:
+            return None
+        top = "(" + rows[-1][0]
+
+
+def _not_in_dlq(task_id: str, status: str | None, meta: Mapping[str, Any]) -> NotInDeadLetterError:
+    if status is None:
+        why = "the task does not exist (or its record expired)"
+    elif status == TaskStatus.EXPIRED:
+        why = (
+            "it is expired: it passed its deadline before it ran, and an expired task is never "
+            "retried or requeued (expired means too late)"
+        )
+    elif status == TaskStatus.DEAD_LETTERED and meta.get("discarded"):
+        why = "it was discarded from the dead-letter queue"
+    elif status == TaskStatus.DEAD_LETTERED:
+        why = "its entry is no longer in the dead-letter stream (trimmed)"
+    else:
+        why = f"it is {status}, not dead_lettered"
+    return NotInDeadLetterError(
+        f"task {task_id} is not in the dead-letter queue: {why}", task_id=task_id, status=status
+    )
+
+
+async def dlq_get(store: Store, task_id: str) -> DeadLetter:
+    """The task's dead-letter entry; NotInDeadLetterError when it has none."""
+    h = cast(
+        list[str | None],
+        await store.redis.hmget(keys.task(task_id), "status", "dlq_entry_id", "metadata"),
+    )
+    found = await _find_dlq_entry(store, task_id, h[1])
+    if found is None:
+        raise _not_in_dlq(task_id, h[0], load_metadata(h[2]))
+    return DeadLetter.from_entry(*found)
+
+
+async def _dead_lettered(
+    store: Store, task_id: str, verb: str
+) -> tuple[dict[str, str], dict[str, Any], str]:
+    """(hash, metadata, DLQ entry id to fall back on) of a task that is in the DLQ, else raise."""
+    h = cast(dict[str, str], await store.redis.hgetall(keys.task(task_id)))
+    if not h:
+        raise TaskNotFoundError(
+            f"task {task_id} not found: it cannot be {verb} (a dead letter whose task record "
+            "expired can only be discarded from the stream by a purge)",
+            task_id=task_id,
+        )
+    meta = load_metadata(h.get("metadata"))
+    if h.get("status") != TaskStatus.DEAD_LETTERED or meta.get("discarded"):
+        raise _not_in_dlq(task_id, h.get("status"), meta)
+    fallback = ""
+    if not h.get("dlq_entry_id"):
+        found = await _find_dlq_entry(store, task_id, None)
+        fallback = found[0] if found else ""
+    return h, meta, fallback
+
+
+def _dlq_refused(task_id: str, reply: list[Any], verb: str) -> Exception | None:
+    """The error a refused DLQ script reply means; None for STALE (read again and retry)."""
+    code = reply[1]
+    if code == "STALE":
+        return None
+    if code == "NOT_FOUND":
+        return TaskNotFoundError(f"task {task_id} not found", task_id=task_id)
+    if code == "DEADLINE":
+        return InvalidTransitionError(
+            f"task {task_id} cannot be {verb}: its deadline (expires_at {reply[2]}) has passed, "
+            "so it would expire before running (expired means too late)",
+            task_id=task_id,
+            status=TaskStatus.DEAD_LETTERED.value,
+            expires_at=reply[2],
+        )
+    return _not_in_dlq(task_id, str(reply[2]), {})
+
+
+def _changed_meanwhile(task_id: str, verb: str) -> InvalidTransitionError:
+    return InvalidTransitionError(
+        f"task {task_id} kept changing while it was being {verb}; try again", task_id=task_id
+    )
+
+
+def _previous_attempt(h: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "attempts": int(h.get("attempt") or 0),
+        "last_error_class": h.get("error_class") or None,
+        "last_error": h.get("error_message") or None,
+        "failed_at": h.get("finished_at") or h.get("updated_at") or None,
+        "worker_id": h.get("worker_id") or None,
+    }
+
+
+async def dlq_requeue(store: Store, task_id: str, *, audit: Audit | None = None) -> Task:
+    """Give a DEAD_LETTERED task a new life: QUEUED, attempt 0, earlier attempts kept.
+
+    NotInDeadLetterError for any other status (an EXPIRED task is never requeued: expired means
+    too late) or a discarded one; InvalidTransitionError when its deadline has passed.
+    """
+    s = store.settings
+    for _ in range(CAS_TRIES):
+        h, meta, fallback = await _dead_lettered(store, task_id, "requeued")
+        previous = meta.get("previous_attempts")
+        previous = list(previous) if isinstance(previous, list) else []
+        previous.append(_previous_attempt(h))
+        meta["previous_attempts"] = previous[-PREVIOUS_ATTEMPTS_CAP:]
+        queue, idem = h["queue"], h.get("idempotency_key") or ""
+        reply = await store.scripts.call(
+            store.redis,
+            "dlq_requeue",
+            [
+                keys.task(task_id),
+                keys.history(task_id),
+                keys.DEAD_LETTER,
+                keys.idempotency(queue, idem),
+                keys.AUDIT,
+                keys.EXPIRY,
+                *keys.queue_streams(queue),
+            ],
+            [
+                task_id,
+                h.get("metadata", ""),
+                compact_json(meta),
+                fallback,
+                s.task_retention_s,
+                s.idem_ttl_s,
+                keys.EVENTS,
+                new_id(),
+                *audit_args(audit),
+            ],
+        )
+        if reply[0] == "queued":
+            return await store.get(task_id)
+        error = _dlq_refused(task_id, reply, "requeued")
+        if error is not None:
+            raise error
+    raise _changed_meanwhile(task_id, "requeued")
+
+
+async def dlq_discard(store: Store, task_id: str, *, audit: Audit | None = None) -> None:
+    """Remove the task's entry from the DLQ stream; the hash stays DEAD_LETTERED with
+    ``metadata.discarded = true`` (never deleted)."""
+    for _ in range(CAS_TRIES):
+        h, meta, fallback = await _dead_lettered(store, task_id, "discarded")
+        meta["discarded"] = True
+        reply = await store.scripts.call(
+            store.redis,
+            "dlq_discard",
+            [keys.task(task_id), keys.history(task_id), keys.DEAD_LETTER, keys.AUDIT],
+            [
+                task_id,
+                h.get("metadata", ""),
+                compact_json(meta),
+                fallback,
+                store.settings.task_retention_s,
+                *audit_args(audit),
+            ],
+        )
+        if reply[0] == "discarded":
+            return
+        error = _dlq_refused(task_id, reply, "discarded")
+        if error is not None:
+            raise error
+    raise _changed_meanwhile(task_id, "discarded")
+
+
+async def dlq_purge(store: Store, *, audit: Audit | None = None) -> int:
+    """Empty the DLQ stream of every entry it holds now; returns how many were removed.
+
+    Chunks of ``CHUNK`` entries, oldest first, up to the newest entry seen at the start (a task
+    dead-lettered meanwhile stays). Each removed entry's task is marked ``discarded``.
+    """
+    redis = store.redis
+    newest = stream_rows(await redis.xrevrange(keys.DEAD_LETTER, "+", "-", count=1))
+    end = newest[0][0] if newest else None
+    pending_audit = audit_args(audit)
+    removed = 0
+    start = "-"
+    while end is not None:
+        rows = stream_rows(await redis.xrange(keys.DEAD_LETTER, start, end, count=CHUNK))
+        if not rows:
+            break
+        pipe = redis.pipeline(transaction=False)
+        for _, fields in rows:
+            pipe.hmget(keys.task(fields.get("task_id", "")), "status", "metadata")
+        call_keys = [keys.DEAD_LETTER, keys.AUDIT]
+        args: list[Any] = [*pending_audit, store.settings.task_retention_s]
+        for (eid, fields), (status, raw) in zip(rows, await pipe.execute(), strict=True):
+            tid = fields.get("task_id", "")
+            new = ""
+            if status == TaskStatus.DEAD_LETTERED:
+                new = compact_json({**load_metadata(raw), "discarded": True})
+            call_keys += [keys.task(tid), keys.history(tid)]
+            args += [eid, tid, raw or "", new]
+        reply = await store.scripts.call(redis, "dlq_purge", call_keys, args)
+        removed += int(reply[0])
+        pending_audit = ["", ""]
+        if len(rows) < CHUNK:
+            break
+        start = "(" + rows[-1][0]
+    if pending_audit[0]:  # nothing was there: the purge is still recorded
+        await store.scripts.call(
+            redis,
+            "dlq_purge",
+            [keys.DEAD_LETTER, keys.AUDIT],
+            [*pending_audit, store.settings.task_retention_s],
+        )
+    return removed

@@ -1,0 +1,151 @@
+"""Queue-level changes: pause, resume, and the purge of a queue's not-started tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dtq import keys
+from dtq.admin._common import (
+    CAS_TRIES,
+    CHUNK,
+    SCAN_CHUNK,
+    Audit,
+    audit_args,
+    check_queue,
+    load_metadata,
+    stream_rows,
+)
+from dtq.models import NOT_STARTED, compact_json
+from dtq.store import Store, new_id
+
+__all__ = ["purge_queue", "set_paused"]
+
+
+async def set_paused(store: Store, queue: str, paused: bool, *, audit: Audit | None = None) -> bool:
+    """Pause (workers stop reading the queue) or resume it; True when the state changed."""
+    check_queue(queue)
+    reply = await store.scripts.call(
+        store.redis,
+        "set_paused",
+        [keys.queue_paused(queue), keys.QUEUES, keys.AUDIT],
+        [queue, "1" if paused else "0", keys.EVENTS, new_id(), *audit_args(audit)],
+    )
+    return bool(reply)
+
+
+_Candidate = tuple[str, str, str]  # task_id, stream entry id seen ("" = schedule), band ("")
+
+
+class _Purge:
+    """State of one purge_queue run: the running count and the not-yet-written audit entry."""
+
+    def __init__(self, store: Store, queue: str, audit: Audit | None) -> None:
+        self.store = store
+        self.queue = queue
+        self.audit_args = audit_args(audit)
+        self.cancelled = 0
+
+    async def run(self, candidates: Sequence[_Candidate]) -> None:
+        """Cancel the candidates that belong to the queue and have not started (CHUNK max)."""
+        todo = list(candidates)
+        for _ in range(CAS_TRIES):
+            if not todo:
+                return
+            stale = await self._call(todo)
+            todo = [c for c in todo if c[0] in stale]
+
+    async def _call(self, candidates: Sequence[_Candidate]) -> set[str]:
+        store, queue = self.store, self.queue
+        pipe = store.redis.pipeline(transaction=False)
+        for tid, _, _ in candidates:
+            pipe.hmget(keys.task(tid), "status", "queue", "idempotency_key", "metadata")
+        call_keys = [
+            keys.RETRY_SCHEDULE,
+            keys.RETRY_CLAIMED,
+            keys.EXPIRY,
+            keys.CANCELLED,
+            keys.AUDIT,
+            *keys.queue_streams(queue),
+        ]
+        s = store.settings
+        args: list[Any] = [queue, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, *self.audit_args]
+        sent = 0
+        for (tid, seen, band), (status, q, idem, raw) in zip(
+            candidates, await pipe.execute(), strict=True
+        ):
+            if status is None:  # an orphan entry or member: the script removes it
+                expect = new = ""
+            elif q == queue and status in NOT_STARTED:
+                expect, new = raw or "", compact_json({**load_metadata(raw), "purged": True})
+            else:
+                continue
+            call_keys += [keys.task(tid), keys.history(tid), keys.idempotency(queue, idem)]
+            args += [tid, seen, band, new_id(), expect, new]
+            sent += 1
+        if not sent:
+            return set()
+        reply = await store.scripts.call(store.redis, "purge_queue", call_keys, args)
+        self.cancelled += int(reply[0])
+        self.audit_args = ["", ""]
+        return set(reply[1:])
+
+    async def scheduled(self) -> None:
+        """Delayed and retrying members (and those the scheduler is promoting right now)."""
+        for zkey in (keys.RETRY_SCHEDULE, keys.RETRY_CLAIMED):
+            batch: list[_Candidate] = []
+            async for member, _ in self.store.redis.zscan_iter(zkey, count=SCAN_CHUNK):
+                batch.append((member, "", ""))
+                if len(batch) == CHUNK:
+                    await self.run(batch)
+                    batch = []
+            await self.run(batch)
+
+    async def streams(self) -> None:
+        """Entries of the queue's ten streams, up to the newest present at the start."""
+        redis = self.store.redis
+        for band in keys.PRIORITIES:
+            stream = keys.stream(self.queue, band)
+            newest = stream_rows(await redis.xrevrange(stream, "+", "-", count=1))
+            if not newest:
+                continue
+            start, end = "-", newest[0][0]
+            while True:
+                rows = stream_rows(await redis.xrange(stream, start, end, count=CHUNK))
+                await self.run([(f.get("task_id", ""), eid, str(band)) for eid, f in rows])
+                if len(rows) < CHUNK:
+                    break
+                start = "(" + rows[-1][0]
+
+    async def finish(self) -> None:
+        """Write the audit entry if no chunk carried it (nothing to purge)."""
+        if not self.audit_args[0]:
+            return
+        await self.store.scripts.call(
+            self.store.redis,
+            "purge_queue",
+            [
+                keys.RETRY_SCHEDULE,
+                keys.RETRY_CLAIMED,
+                keys.EXPIRY,
+                keys.CANCELLED,
+                keys.AUDIT,
+                *keys.queue_streams(self.queue),
+            ],
+            [self.queue, 1, 1, keys.EVENTS, *self.audit_args],
+        )
+
+
+async def purge_queue(store: Store, queue: str, *, audit: Audit | None = None) -> int:
+    """Cancel every task of ``queue`` that has not started; returns how many were cancelled.
+
+    Schedule members first, then stream entries (a task promoted meanwhile is then found in its
+    stream). Hashes become CANCELLED with ``metadata.purged = true``; running tasks are left
+    alone; one audit entry ``purge`` for the whole operation.
+    """
+    check_queue(queue)
+    purge = _Purge(store, queue, audit)
+    await purge.scheduled()
+    await purge.streams()
+    await purge.finish()
+    return purge.cancelled

@@ -1,0 +1,154 @@
+"""What an operator reads: queue statistics, workers, the audit log. Pipelined reads only.
+
+Exactness of each value is in docs/operations-admin.md: depth and pending are exact at one
+instant (one pipeline); retry_scheduled is counted per queue by one chunked pass over the
+schedule; workers are judged alive or stale from their heartbeat's age on the Redis clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from dtq import keys
+from dtq.admin._common import LIST_CAP, SCAN_CHUNK, STALE_HEARTBEATS, check_queue, stream_rows
+from dtq.errors import WorkerNotFoundError
+from dtq.models import AuditEntry, QueueStats, WorkerInfo
+from dtq.store import Store
+
+__all__ = ["all_queue_stats", "audit_log", "queue_stats", "worker", "workers"]
+
+
+async def queue_stats(store: Store, queue: str) -> QueueStats:
+    """The numbers of one queue (a queue never used has zeros)."""
+    check_queue(queue)
+    return (await _stats(store, [queue]))[0]
+
+
+async def all_queue_stats(store: Store) -> list[QueueStats]:
+    """The numbers of every queue in ``dtq:queues``, by name."""
+    return await _stats(store, await store.queues())
+
+
+def _pending_count(reply: Any) -> int:
+    if isinstance(reply, ResponseError | None):  # no such stream (or group) yet
+        return 0
+    return int(reply["pending"])
+
+
+async def _stats(store: Store, queues: Sequence[str]) -> list[QueueStats]:
+    """Round trip 1: every XLEN, XPENDING and paused flag, the DLQ's XLEN, the worker set and
+    the Redis clock; 2: the worker hashes; then the chunked pass over the schedule."""
+    redis = store.redis
+    pipe = redis.pipeline(transaction=False)
+    for q in queues:
+        for stream in keys.queue_streams(q):
+            pipe.xlen(stream)
+            pipe.xpending(stream, keys.CONSUMER_GROUP)
+        pipe.exists(keys.queue_paused(q))
+    pipe.xlen(keys.DEAD_LETTER)
+    pipe.smembers(keys.WORKERS)
+    pipe.time()
+    replies = await pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
+            raise reply
+    dlq_depth, members, now = replies[-3:]
+    live = [w for w in await _worker_infos(store, members, _ms(now)) if w.alive]
+    scheduled = await _scheduled_per_queue(store)
+    out = []
+    per_queue = 2 * len(keys.PRIORITIES) + 1
+    for i, q in enumerate(queues):
+        chunk = replies[i * per_queue : (i + 1) * per_queue]
+        depth = sum(int(n) for n in chunk[0:-1:2] if not isinstance(n, Exception))
+        pending = sum(_pending_count(p) for p in chunk[1:-1:2])
+        out.append(
+            QueueStats(
+                queue=q,
+                depth=depth,
+                pending=pending,
+                waiting=max(0, depth - pending),
+                paused=bool(chunk[-1]),
+                retry_scheduled=scheduled[q],
+                dlq_depth=int(dlq_depth),
+                workers_active=sum(1 for w in live if q in w.queues),
+            )
+        )
+    return out
+
+
+async def _scheduled_per_queue(store: Store) -> Counter[str]:
+    """Members of ``dtq:retry:schedule`` per queue: one pass over the zset in chunks."""
+    counts: Counter[str] = Counter()
+    seen: set[str] = set()  # ZSCAN may return a member twice
+    batch: list[str] = []
+
+    async def count(ids: list[str]) -> None:
+        pipe = store.redis.pipeline(transaction=False)
+        for tid in ids:
+            pipe.hget(keys.task(tid), "queue")
+        counts.update(q for q in await pipe.execute() if q)
+
+    async for member, _ in store.redis.zscan_iter(keys.RETRY_SCHEDULE, count=SCAN_CHUNK):
+        if member in seen:
+            continue
+        seen.add(member)
+        batch.append(member)
+        if len(batch) == SCAN_CHUNK:
+            await count(batch)
+            batch = []
+    if batch:
+        await count(batch)
+    return counts
+
+
+def _ms(redis_time: Sequence[Any]) -> int:
+    sec, usec = redis_time
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+async def _worker_infos(store: Store, members: Iterable[str], now_ms: int) -> list[WorkerInfo]:
+    ids = sorted(members)
+    pipe = store.redis.pipeline(transaction=False)
+    for wid in ids:
+        pipe.hgetall(keys.worker(wid))
+    stale_ms = round(STALE_HEARTBEATS * store.settings.heartbeat_interval_s * 1000)
+    return [
+        WorkerInfo.from_hash(wid, h, now_ms, stale_ms)
+        for wid, h in zip(ids, await pipe.execute(), strict=True)
+        if h  # its hash expired: the scheduler removes it from the set
+    ]
+
+
+async def workers(store: Store) -> list[WorkerInfo]:
+    """Every worker in ``dtq:workers`` whose hash still exists, by id; alive/stale judged here
+    from the heartbeat's age on the Redis clock (stale: older than 3 heartbeat intervals)."""
+    pipe = store.redis.pipeline(transaction=False)
+    pipe.smembers(keys.WORKERS)
+    pipe.time()
+    members, now = await pipe.execute()
+    return await _worker_infos(store, members, _ms(now))
+
+
+async def worker(store: Store, worker_id: str) -> WorkerInfo:
+    """One worker by id (whether or not it is still in ``dtq:workers``)."""
+    pipe = store.redis.pipeline(transaction=False)
+    pipe.time()
+    now = (await pipe.execute())[0]
+    found = await _worker_infos(store, [worker_id], _ms(now))
+    if not found:
+        raise WorkerNotFoundError(
+            f"worker {worker_id} not found (it stopped, or its heartbeat expired)",
+            worker_id=worker_id,
+        )
+    return found[0]
+
+
+async def audit_log(store: Store, limit: int = 50) -> list[AuditEntry]:
+    """The newest ``limit`` audit entries first."""
+    limit = max(1, min(limit, LIST_CAP))
+    rows = stream_rows(await store.redis.xrevrange(keys.AUDIT, "+", "-", count=limit))
+    return [AuditEntry.from_entry(eid, fields) for eid, fields in rows]
