@@ -21,6 +21,7 @@ __all__ = [
     "WORKERS",
     "history",
     "idempotency",
+    "operation",
     "queue_paused",
     "queue_streams",
     "result",
@@ -77,6 +78,11 @@ def result(task_id: str) -> str:
 def idempotency(queue: str, key: str | None) -> str:
     """The idempotency record's key; a task without a key gets a placeholder never written."""
     return f"dtq:idempotency:{queue}:{key}" if key else "dtq:idempotency:-"
+
+
+def operation(key: str) -> str:
+    """The record of one handler-level operation (``dtq_tasks.idempotent_operation``)."""
+    return f"dtq:op:{key}"
 
 
 def worker(worker_id: str) -> str:

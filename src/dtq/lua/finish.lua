@@ -1,0 +1,163 @@
+-- finish.lua: record the end of one execution, then XACK + XDEL its entry (DESIGN 3, 4;
+-- contract sections 3, 4, 5). One atomic step: a crash leaves either nothing or everything.
+--
+-- Fencing first: the entry must still be pending for this consumer (XPENDING on that one id),
+-- and the hash must still be RUNNING this entry at this attempt. Otherwise this worker's lease
+-- was taken over (it was paused, cut off or too slow): nothing is written and nothing is
+-- acknowledged, so a zombie never ACKs an entry another worker runs. Returns {"fenced", why}.
+--
+-- Outcomes (ARGV[6]):
+--   success     SUCCEEDED; the result JSON goes to dtq:result:<id> (EX result retention) unless
+--               the worker flagged it too large (hash result_truncated=1); idempotency completed.
+--   error       retryable and attempt < max_attempts: RETRYING, due now + delay_ms in
+--               dtq:retry:schedule, expiry member written again, TASK_RETRY_SCHEDULED;
+--               otherwise DEAD_LETTERED (entry in dtq:stream:dead-letter, MAXLEN ~) or FAILED
+--               when the DLQ is disabled, idempotency failed.
+--   reschedule  like a retry without an error (counts toward max_attempts; exhausted: dead
+--               letter with error_class RescheduleLimit); extend_ms moves expires_at and its
+--               expiry score (a task without a deadline keeps none).
+--   cancelled   CANCELLED (the handler was stopped on a cancel request), idempotency failed.
+-- A retry or reschedule of a task whose cancel was requested meanwhile is CANCELLED instead.
+-- Always: finished_at, duration_ms, worker_id, error_class, error_message, retryable; the hash
+-- and history TTL refreshed; history entry; event; XACK + XDEL.
+--
+-- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = the entry's stream
+-- KEYS[4] = dtq:retry:schedule   KEYS[5] = dtq:expiry
+-- KEYS[6] = dtq:idempotency:<queue>:<key> (placeholder when none)
+-- KEYS[7] = dtq:stream:dead-letter   KEYS[8] = dtq:result:<id>   KEYS[9] = dtq:cancelled
+-- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] attempt
+-- ARGV[6] outcome  [7] result JSON ("" if none)  [8] result too large "1"/"0"
+-- ARGV[9] error_class  [10] error_message (sanitized)  [11] retryable "1"/"0"
+-- ARGV[12] delay_ms (retry or reschedule)  [13] extend_ms or ""  [14] duration_ms
+-- ARGV[15] task retention s  [16] result retention s  [17] idempotency TTL s
+-- ARGV[18] events channel  [19] event_id  [20] DLQ enabled "1"/"0"  [21] DLQ maxlen
+-- Returns {"fenced", why} | {status, retry_delay_ms or ""}
+local task_id, entry_id, worker, group = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local attempt = tonumber(ARGV[5])
+local outcome = ARGV[6]
+
+local p = redis.call('XPENDING', KEYS[3], group, entry_id, entry_id, 1)
+if #p == 0 then return {'fenced', 'not_pending'} end
+if p[1][2] ~= worker then return {'fenced', 'owner:' .. p[1][2]} end
+local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'attempt', 'max_attempts',
+  'queue', 'task_type', 'idempotency_key', 'expires_at_ms', 'cancel_requested')
+if not h[1] then return {'fenced', 'missing'} end
+if h[1] ~= 'running' then return {'fenced', 'status:' .. h[1]} end
+if h[2] ~= entry_id then return {'fenced', 'entry'} end
+if tonumber(h[3]) ~= attempt then return {'fenced', 'attempt'} end
+
+local now = now_ms()
+local ts = iso(now)
+local retention = tonumber(ARGV[15])
+local max_attempts = tonumber(h[4]) or 1
+local queue, task_type, idem = h[5], h[6], h[7] or ''
+local error_class, message, retryable = ARGV[9], ARGV[10], ARGV[11]
+local delay_ms = tonumber(ARGV[12]) or 0
+
+local to
+if outcome == 'success' then
+  to = 'succeeded'
+elseif outcome == 'cancelled' then
+  to = 'cancelled'
+elseif outcome == 'reschedule' then
+  if attempt < max_attempts then
+    to = 'retrying'
+  else
+    to = 'dead'
+    error_class = 'RescheduleLimit'
+    message = 'rescheduled at attempt ' .. attempt .. ' of ' .. max_attempts
+      .. '; attempts exhausted'
+    retryable = '0'
+  end
+elseif outcome == 'error' then
+  if retryable == '1' and attempt < max_attempts then to = 'retrying' else to = 'dead' end
+else
+  return redis.error_reply('finish: unknown outcome ' .. tostring(outcome))
+end
+if to == 'retrying' and h[9] == '1' then to = 'cancelled' end
+if to == 'dead' then to = ARGV[20] == '1' and 'dead_lettered' or 'failed' end
+
+local fields = {'status', to, 'finished_at', ts, 'updated_at', ts, 'worker_id', worker,
+  'duration_ms', ARGV[14], 'error_class', error_class, 'error_message', message,
+  'retryable', retryable}
+local extra = {}
+if error_class ~= '' then extra.error_class = error_class end
+local meta = {}
+local etype
+
+if to == 'succeeded' then
+  etype = 'TASK_SUCCEEDED'
+  if ARGV[8] == '1' then
+    fields[#fields + 1] = 'result_truncated'
+    fields[#fields + 1] = '1'
+    meta.result_truncated = true
+  elseif ARGV[7] ~= '' then
+    redis.call('SET', KEYS[8], ARGV[7], 'EX', ARGV[16])
+  end
+  idem_state(KEYS[6], idem, task_id, 'completed', ts, ARGV[17])
+elseif to == 'retrying' then
+  etype = 'TASK_RETRY_SCHEDULED'
+  local due = now + delay_ms
+  fields[#fields + 1] = 'retry_delay_ms'
+  fields[#fields + 1] = delay_ms
+  fields[#fields + 1] = 'available_at'
+  fields[#fields + 1] = iso(due)
+  redis.call('ZADD', KEYS[4], due, task_id)
+  local exp_ms = tonumber(h[8] or '')
+  if exp_ms ~= nil and outcome == 'reschedule' and ARGV[13] ~= '' then
+    exp_ms = exp_ms + tonumber(ARGV[13])
+    fields[#fields + 1] = 'expires_at'
+    fields[#fields + 1] = iso(exp_ms)
+    fields[#fields + 1] = 'expires_at_ms'
+    fields[#fields + 1] = exp_ms
+    extra.expires_at = iso(exp_ms)
+    extra.extended_ms = tonumber(ARGV[13])
+    meta.expires_at = iso(exp_ms)
+  end
+  if exp_ms ~= nil then redis.call('ZADD', KEYS[5], exp_ms, task_id) end
+  extra.retry_delay_ms = delay_ms
+  extra.available_at = iso(due)
+  meta.retry_delay_ms = delay_ms
+  meta.available_at = iso(due)
+  meta.reschedule = outcome == 'reschedule'
+elseif to == 'cancelled' then
+  etype = 'TASK_CANCELLED'
+  meta.from = 'running'
+  idem_state(KEYS[6], idem, task_id, 'failed', ts, ARGV[17])
+else
+  etype = to == 'failed' and 'TASK_FAILED' or 'TASK_DEAD_LETTERED'
+  if to == 'dead_lettered' then
+    local d = redis.call('HMGET', KEYS[1], 'payload', 'priority', 'timeout_ms')
+    local dlq_id = redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[21], '*',
+      'task_id', task_id, 'queue', queue, 'task_type', task_type, 'payload', d[1],
+      'attempt', attempt, 'max_attempts', max_attempts, 'priority', d[2], 'timeout_ms', d[3],
+      'idempotency_key', idem, 'failed_at_ms', now, 'attempts_made', attempt,
+      'last_error', message, 'last_error_class', error_class, 'retryable', retryable,
+      'worker_id', worker, 'original_queue', queue)
+    fields[#fields + 1] = 'dlq_entry_id'
+    fields[#fields + 1] = dlq_id
+    extra.dlq_entry_id = dlq_id
+    meta.dlq_entry_id = dlq_id
+  end
+  idem_state(KEYS[6], idem, task_id, 'failed', ts, ARGV[17])
+  meta.error_class = error_class
+end
+
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('EXPIRE', KEYS[1], retention)
+redis.call('XACK', KEYS[3], group, entry_id)
+redis.call('XDEL', KEYS[3], entry_id)
+redis.call('SREM', KEYS[9], task_id)
+if to ~= 'retrying' then redis.call('ZREM', KEYS[5], task_id) end
+local reason = outcome
+if outcome == 'error' and to ~= 'retrying' and to ~= 'cancelled' then
+  reason = retryable == '1' and 'attempts_exhausted' or 'permanent_error'
+elseif outcome == 'reschedule' and to ~= 'retrying' and to ~= 'cancelled' then
+  reason = 'reschedule_limit'
+elseif outcome ~= 'cancelled' and to == 'cancelled' then
+  reason = 'cancel_requested'
+end
+hist(KEYS[2], retention, ts, 'running', to, attempt, worker, reason, extra)
+emit(ARGV[18], ARGV[19], ts, etype, task_id, queue, task_type, attempt, worker,
+  next(meta) and meta or nil)
+return {to, to == 'retrying' and delay_ms or ''}

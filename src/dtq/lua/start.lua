@@ -1,0 +1,142 @@
+-- start.lua: the pre-execution checks of one delivered stream entry, then RUNNING
+-- (contract section 6, DESIGN 3, 4, 6). One call per entry, pipelined per read batch.
+-- In this order:
+--   1. no task hash                           -> XACK + XDEL                   {"missing"}
+--   2. terminal status (cancelled included)   -> XACK + XDEL, SREM cancelled   {"cancelled"} |
+--                                                                             {"terminal", status}
+--   3. the entry is not the hash's entry_id   -> XACK + XDEL, TASK_DUPLICATE_ABSORBED
+--      (or the task waits in the schedule)                                    {"duplicate", status}
+--   4. queued but listed in dtq:cancelled     -> CANCELLED (safety net)       {"cancelled"}
+--   5. running with this entry id: its worker died (crash redelivery). Attempts are counted
+--      here, never from the delivery counter: attempt = hash attempt + 1. A cancel requested
+--      before the crash cancels it now; past max_attempts the task is dead-lettered (FAILED when
+--      the DLQ is disabled) with error_class WorkerLost, without running   {"cancelled"} |
+--                                                                          {"dead", status}
+--      A redelivered task runs even past its expires_at: it had started.
+--   6. queued with expires_at_ms <= now (Redis TIME) -> EXPIRED, XACK + XDEL, expiry member
+--      removed, idempotency failed, TASK_EXPIRED                               {"expired"}
+--   7. otherwise RUNNING: attempt = hash attempt + 1, started_at, worker_id, expiry member
+--      removed (a started task never expires), history, TASK_STARTED.
+--      {"run", attempt, max_attempts, timeout_ms, expires_at_ms or "", created_ms, started_ms}
+--
+-- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = the entry's stream
+-- KEYS[4] = dtq:cancelled   KEYS[5] = dtq:expiry
+-- KEYS[6] = dtq:idempotency:<queue>:<key> (placeholder when none)
+-- KEYS[7] = dtq:stream:dead-letter
+-- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] task retention s
+-- ARGV[6] idempotency TTL s  [7] events channel  [8] event_id  [9] DLQ enabled "1"/"0"
+-- ARGV[10] DLQ maxlen
+local task_id, entry_id, worker, group = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local retention = tonumber(ARGV[5])
+
+local function consume()
+  redis.call('XACK', KEYS[3], group, entry_id)
+  redis.call('XDEL', KEYS[3], entry_id)
+end
+
+-- HMGET gives false for a missing field.
+local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'attempt', 'max_attempts',
+  'timeout_ms', 'expires_at_ms', 'queue', 'task_type', 'idempotency_key', 'cancel_requested',
+  'created_ms', 'expires_at')
+local status = h[1]
+if not status then
+  consume()
+  redis.call('SREM', KEYS[4], task_id)
+  return {'missing'}
+end
+if status == 'succeeded' or status == 'failed' or status == 'dead_lettered'
+    or status == 'cancelled' or status == 'expired' then
+  consume()
+  redis.call('SREM', KEYS[4], task_id)
+  if status == 'cancelled' then return {'cancelled'} end
+  return {'terminal', status}
+end
+
+local now = now_ms()
+local ts = iso(now)
+local queue, task_type, idem = h[7], h[8], h[9] or ''
+local prev = tonumber(h[3]) or 0
+local max_attempts = tonumber(h[4]) or 1
+
+if h[2] ~= entry_id or (status ~= 'queued' and status ~= 'running') then
+  consume()
+  emit(ARGV[7], ARGV[8], ts, 'TASK_DUPLICATE_ABSORBED', task_id, queue, task_type, prev, worker,
+    {entry_id = entry_id, live_entry_id = h[2] or '', status = status})
+  return {'duplicate', status}
+end
+
+-- A running task ends here without running again: cancelled, or dead (attempts exhausted).
+local function cancel_now(from, reason)
+  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ts, 'updated_at', ts)
+  redis.call('EXPIRE', KEYS[1], retention)
+  redis.call('ZREM', KEYS[5], task_id)
+  redis.call('SREM', KEYS[4], task_id)
+  consume()
+  idem_state(KEYS[6], idem, task_id, 'failed', ts, ARGV[6])
+  hist(KEYS[2], retention, ts, from, 'cancelled', prev, worker, reason)
+  emit(ARGV[7], ARGV[8], ts, 'TASK_CANCELLED', task_id, queue, task_type, prev, worker,
+    {from = from, reason = reason})
+  return {'cancelled'}
+end
+
+if status == 'queued' and redis.call('SISMEMBER', KEYS[4], task_id) == 1 then
+  return cancel_now('queued', 'cancel')
+end
+
+local attempt = prev + 1
+if status == 'running' then
+  if h[10] == '1' then return cancel_now('running', 'cancel_requested') end
+  if attempt > max_attempts then
+    local message = 'worker lost during attempt ' .. prev .. ' of ' .. max_attempts
+      .. '; attempts exhausted'
+    local to = 'failed'
+    local extra = {error_class = 'WorkerLost'}
+    if ARGV[9] == '1' then
+      to = 'dead_lettered'
+      local d = redis.call('HMGET', KEYS[1], 'payload', 'priority', 'worker_id')
+      local dlq_id = redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[10], '*',
+        'task_id', task_id, 'queue', queue, 'task_type', task_type, 'payload', d[1],
+        'attempt', prev, 'max_attempts', max_attempts, 'priority', d[2], 'timeout_ms', h[5],
+        'idempotency_key', idem, 'failed_at_ms', now, 'attempts_made', prev,
+        'last_error', message, 'last_error_class', 'WorkerLost', 'retryable', '1',
+        'worker_id', d[3] or '', 'original_queue', queue)
+      redis.call('HSET', KEYS[1], 'dlq_entry_id', dlq_id)
+      extra.dlq_entry_id = dlq_id
+    end
+    redis.call('HSET', KEYS[1], 'status', to, 'finished_at', ts, 'updated_at', ts,
+      'error_class', 'WorkerLost', 'error_message', message, 'retryable', '1')
+    redis.call('EXPIRE', KEYS[1], retention)
+    redis.call('ZREM', KEYS[5], task_id)
+    consume()
+    idem_state(KEYS[6], idem, task_id, 'failed', ts, ARGV[6])
+    hist(KEYS[2], retention, ts, 'running', to, prev, worker, 'worker_lost', extra)
+    emit(ARGV[7], ARGV[8], ts, to == 'failed' and 'TASK_FAILED' or 'TASK_DEAD_LETTERED', task_id,
+      queue, task_type, prev, worker, extra)
+    return {'dead', to}
+  end
+else
+  local exp_ms = tonumber(h[6] or '')
+  if exp_ms ~= nil and exp_ms <= now then
+    redis.call('HSET', KEYS[1], 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
+    redis.call('EXPIRE', KEYS[1], retention)
+    redis.call('ZREM', KEYS[5], task_id)
+    consume()
+    idem_state(KEYS[6], idem, task_id, 'failed', ts, ARGV[6])
+    hist(KEYS[2], retention, ts, 'queued', 'expired', prev, worker, 'ttl', {expired_at = ts})
+    emit(ARGV[7], ARGV[8], ts, 'TASK_EXPIRED', task_id, queue, task_type, prev, worker,
+      {expired_at = ts, expires_at = h[12] or '', reason = 'ttl'})
+    return {'expired'}
+  end
+end
+
+redis.call('HSET', KEYS[1], 'status', 'running', 'attempt', attempt, 'started_at', ts,
+  'worker_id', worker, 'updated_at', ts)
+redis.call('HDEL', KEYS[1], 'finished_at', 'duration_ms', 'error_class', 'error_message',
+  'retryable')
+redis.call('EXPIRE', KEYS[1], retention)
+redis.call('ZREM', KEYS[5], task_id)
+local reason = status == 'running' and 'redelivered' or 'started'
+hist(KEYS[2], retention, ts, status, 'running', attempt, worker, reason)
+emit(ARGV[7], ARGV[8], ts, 'TASK_STARTED', task_id, queue, task_type, attempt, worker,
+  status == 'running' and {redelivered = true} or nil)
+return {'run', attempt, max_attempts, tonumber(h[5]) or 0, h[6] or '', h[11] or '', now}

@@ -1,0 +1,129 @@
+"""The dtq worker: ``run_worker`` (what ``dtq worker run`` and ``python -m dtq.worker`` call)
+and :class:`Worker`, the engine (see :mod:`dtq.worker.worker`)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+
+from redis.exceptions import RedisError
+
+from dtq.config import Settings
+from dtq.errors import ConfigError
+from dtq.models import QUEUE_RE
+from dtq.worker.supervisor import supervise
+from dtq.worker.worker import Worker, WorkerObserver, new_worker_id
+from dtq_tasks import Handler, registry
+
+__all__ = ["Worker", "WorkerObserver", "load_task_modules", "new_worker_id", "run_worker"]
+
+log = logging.getLogger(__name__)
+
+
+def load_task_modules(modules: Sequence[str]) -> Mapping[str, Handler]:
+    """Import the handler modules (the current directory first on ``sys.path``, DESIGN 9) and
+    return the registry. ConfigError names a module that cannot be imported, or says that no
+    handler is registered at all."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise ConfigError(
+                f"cannot import task module {name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+    handlers = registry()
+    if not handlers:
+        raise ConfigError(
+            "no task handlers registered: give --tasks MODULE or set DTQ_TASK_MODULES "
+            f"(modules imported: {', '.join(modules) or 'none'})"
+        )
+    return handlers
+
+
+def _check_queues(queues: Sequence[str]) -> list[str]:
+    for q in queues:
+        if not QUEUE_RE.fullmatch(q):
+            raise ConfigError(f"invalid queue name {q!r}: must match {QUEUE_RE.pattern}")
+    return list(dict.fromkeys(queues))
+
+
+def _configure_logging(settings: Settings) -> None:
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+    )
+
+
+def run_worker(
+    settings: Settings,
+    *,
+    queues: list[str] | None = None,
+    concurrency: int | None = None,
+    task_modules: list[str] | None = None,
+    processes: int = 1,
+) -> int:
+    """Run a worker (or ``processes`` supervised ones) until SIGTERM/SIGINT.
+
+    Exit code: 0 after a clean stop; 1 when Redis is unreachable or fails; 2 for invalid input
+    (queue name, concurrency, processes, a task module that cannot be imported).
+    """
+    _configure_logging(settings)
+    modules = task_modules if task_modules is not None else settings.task_module_list
+    try:
+        served = _check_queues(queues or ["default"])
+        if concurrency is not None and concurrency < 1:
+            raise ConfigError(f"--concurrency must be at least 1, not {concurrency}")
+        if processes < 1:
+            raise ConfigError(f"--processes must be at least 1, not {processes}")
+        handlers = load_task_modules(modules)
+    except ConfigError as exc:
+        print(f"dtq worker: {exc.message}", file=sys.stderr)
+        return 2
+    if processes > 1:
+        return supervise(
+            settings,
+            queues=served,
+            concurrency=concurrency,
+            task_modules=modules,
+            processes=processes,
+        )
+    worker = Worker(settings, queues=served, concurrency=concurrency, handlers=handlers)
+    try:
+        asyncio.run(_serve(worker))
+    except (RedisError, OSError) as exc:
+        print(
+            f"dtq worker: Redis at {_safe_url(settings.redis_url)} failed: {exc}", file=sys.stderr
+        )
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+async def _serve(worker: Worker) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    try:
+        await worker.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def _safe_url(url: str) -> str:
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rpartition('@')[2]}"

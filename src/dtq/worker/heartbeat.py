@@ -1,0 +1,243 @@
+"""Heartbeat and lease renewal, on a thread of their own (contract section 6, DESIGN 3).
+
+Every ``DTQ_HEARTBEAT_INTERVAL_S`` (with jitter) the thread:
+
+1. renews the lease of every in-flight entry with ``touch.lua`` (owner-checked
+   ``XCLAIM ... IDLE 0 JUSTID``) and reports entries this worker no longer owns;
+2. writes ``dtq:worker:<id>`` (the contract's fields plus ``queues``, ``pid`` and
+   ``last_heartbeat_ms``) with a TTL of three intervals, and adds the id to ``dtq:workers``;
+3. measures the offset of the local clock to the Redis clock.
+
+It uses its own synchronous connection, so an async handler that hogs the event loop cannot
+starve the lease: the failure mode of dramatiq#692 and taskiq-redis#101. If it cannot renew for
+most of the visibility timeout, it logs that the in-flight tasks are at risk of redelivery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError, RedisError
+
+from dtq import keys
+from dtq.clock import RedisClock
+from dtq.config import Settings
+from dtq.events import make_event
+from dtq.models import format_ts
+from dtq.scripts import Scripts
+from dtq.worker.protocol import touch_args
+
+__all__ = ["Heartbeat"]
+
+log = logging.getLogger(__name__)
+
+JITTER = 0.1
+AT_RISK_FRACTION = 0.8
+
+
+class Heartbeat:
+    """The heartbeat thread of one worker. ``snapshot()`` returns the (stream, entry id) pairs
+    in flight and ``stats()`` the worker hash's changing fields; ``on_lost`` receives entry
+    ids this worker no longer owns (called on the heartbeat thread)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        scripts: Scripts,
+        worker_id: str,
+        queues: Sequence[str],
+        concurrency: int,
+        clock: RedisClock,
+        snapshot: Callable[[], list[tuple[str, str]]],
+        stats: Callable[[], dict[str, Any]],
+        on_lost: Callable[[list[str]], None],
+    ) -> None:
+        self.settings = settings
+        self.scripts = scripts
+        self.worker_id = worker_id
+        self.queues = list(queues)
+        self.concurrency = concurrency
+        self.clock = clock
+        self._snapshot = snapshot
+        self._stats = stats
+        self._on_lost = on_lost
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._redis: redis.Redis | None = None
+        self._rng = random.Random()
+        self._started_ms = 0
+        self._last_ok = time.monotonic()
+        self._at_risk_logged = False
+        self.status = "starting"
+        self.beats = 0
+
+    # -- control (event loop side) --------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect, write the first beat (status starting) and start the thread."""
+        self._redis = redis.Redis.from_url(
+            self.settings.redis_url,
+            decode_responses=True,
+            socket_connect_timeout=5,
+            socket_timeout=max(2.0, self.settings.heartbeat_interval_s),
+        )
+        self._sync_clock()
+        self._started_ms = self.clock.now_ms()
+        self.beat()
+        self._thread = threading.Thread(
+            target=self._run, name=f"dtq-heartbeat-{self.worker_id}", daemon=True
+        )
+        self._thread.start()
+
+    def set_status(self, status: str) -> None:
+        """Change the self-reported status and beat at once."""
+        self.status = status
+        self._wake.set()
+
+    def stop(self, *, publish_stopped: bool = True) -> None:
+        """Final beat (status stopped), leave ``dtq:workers``, WORKER_STOPPED; close."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, 2 * self.settings.heartbeat_interval_s))
+        self.status = "stopped"
+        if self._redis is None:
+            return
+        try:
+            self._write_hash()
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.srem(keys.WORKERS, self.worker_id)
+            if publish_stopped:
+                pipe.publish(keys.EVENTS, self._event("WORKER_STOPPED"))
+            pipe.execute()
+        except (RedisError, OSError) as exc:
+            log.warning("worker %s: final heartbeat failed: %s", self.worker_id, exc)
+        finally:
+            self._redis.close()
+            self._redis = None
+
+    def publish_started(self) -> None:
+        assert self._redis is not None
+        try:
+            self._redis.publish(keys.EVENTS, self._event("WORKER_STARTED"))
+        except (RedisError, OSError) as exc:
+            log.warning("worker %s: WORKER_STARTED not published: %s", self.worker_id, exc)
+
+    # -- the thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        interval = self.settings.heartbeat_interval_s
+        while not self._stopping.is_set():
+            self._wake.wait(interval * (1 + self._rng.uniform(-JITTER, JITTER)))
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            self.beat()
+
+    def beat(self) -> None:
+        """One heartbeat; failures are logged, never raised (the next beat tries again)."""
+        try:
+            self._touch()
+            self._write_hash()
+            self._sync_clock()
+        except (RedisError, OSError) as exc:
+            log.warning("worker %s: heartbeat failed: %s", self.worker_id, exc)
+            self._check_at_risk()
+            return
+        self.beats += 1
+        self._last_ok = time.monotonic()
+        self._at_risk_logged = False
+
+    def _touch(self) -> None:
+        owned = self._snapshot()
+        if not owned:
+            return
+        assert self._redis is not None
+        key_list, argv = touch_args(self.worker_id, owned)
+        sha = self.scripts.sha["touch"]
+        try:
+            lost_idx = self._redis.evalsha(sha, len(key_list), *key_list, *argv)
+        except NoScriptError:
+            self._redis.script_load(self.scripts.source["touch"])
+            lost_idx = self._redis.evalsha(sha, len(key_list), *key_list, *argv)
+        lost = [owned[int(i) - 1][1] for i in lost_idx]
+        if lost:
+            log.warning(
+                "worker %s: %d in-flight entr%s taken over by another worker: %s",
+                self.worker_id,
+                len(lost),
+                "y" if len(lost) == 1 else "ies",
+                ", ".join(lost[:10]),
+            )
+            self._on_lost(lost)
+
+    def _write_hash(self) -> None:
+        assert self._redis is not None
+        now_ms = self.clock.now_ms()
+        stats = self._stats()
+        fields: dict[str, str | int] = {
+            "worker_id": self.worker_id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": ",".join(self.queues),
+            "concurrency": self.concurrency,
+            "started_at": format_ts(self._started_ms),
+            "last_heartbeat": format_ts(now_ms),
+            "last_heartbeat_ms": now_ms,
+            "status": self._reported_status(stats),
+            **{k: int(v) for k, v in stats.items()},
+        }
+        ttl_ms = max(1000, round(3 * self.settings.heartbeat_interval_s * 1000))
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hset(keys.worker(self.worker_id), mapping=fields)  # type: ignore[arg-type]
+        pipe.pexpire(keys.worker(self.worker_id), ttl_ms)
+        if self.status != "stopped":
+            pipe.sadd(keys.WORKERS, self.worker_id)
+        pipe.execute()
+
+    def _reported_status(self, stats: dict[str, Any]) -> str:
+        if self.status == "running":
+            return "busy" if int(stats.get("active_tasks", 0)) > 0 else "ready"
+        return self.status
+
+    def _sync_clock(self) -> None:
+        assert self._redis is not None
+        before = time.time() * 1000
+        sec, usec = self._redis.time()
+        after = time.time() * 1000
+        self.clock.offset_ms = int(sec) * 1000 + int(usec) // 1000 - (before + after) / 2
+
+    def _check_at_risk(self) -> None:
+        silent_s = time.monotonic() - self._last_ok
+        limit_s = AT_RISK_FRACTION * self.settings.visibility_timeout_s
+        if silent_s >= limit_s and not self._at_risk_logged:
+            self._at_risk_logged = True
+            log.error(
+                "worker %s: no heartbeat for %.1fs (visibility timeout %.1fs): in-flight tasks "
+                "are at risk of being redelivered to another worker",
+                self.worker_id,
+                silent_s,
+                self.settings.visibility_timeout_s,
+            )
+
+    def _event(self, etype: str) -> str:
+        return make_event(
+            etype,
+            worker_id=self.worker_id,
+            metadata={
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "queues": self.queues,
+                "concurrency": self.concurrency,
+            },
+            ts_ms=self.clock.now_ms(),
+        )

@@ -1,0 +1,42 @@
+"""The handler contract of dtq (contract section 15).
+
+::
+
+    from dtq_tasks import PermanentError, RetryableError, TaskContext, task
+
+    @task("resize_image")
+    async def resize_image(payload: dict, ctx: TaskContext) -> dict:
+        ...
+        return {"ok": True}
+
+Handlers receive the payload (a dict) and a :class:`TaskContext`; they return something JSON
+can encode, or raise :class:`RetryableError`, :class:`PermanentError` or
+:class:`RescheduleError`. This package imports nothing of ``dtq.worker`` or ``dtq.api``.
+"""
+
+from dtq_tasks.errors import HandlerError, PermanentError, RescheduleError, RetryableError
+from dtq_tasks.idempotency import idempotent_operation
+from dtq_tasks.registry import (
+    Handler,
+    HandlerFn,
+    TaskContext,
+    TaskRegistrationError,
+    get_handler,
+    registry,
+    task,
+)
+
+__all__ = [
+    "Handler",
+    "HandlerError",
+    "HandlerFn",
+    "PermanentError",
+    "RescheduleError",
+    "RetryableError",
+    "TaskContext",
+    "TaskRegistrationError",
+    "get_handler",
+    "idempotent_operation",
+    "registry",
+    "task",
+]

@@ -1,0 +1,287 @@
+"""Shared helpers of the worker tests (no tests here): fast settings, an in-process worker that
+is always stopped, worker subprocesses (``python -m dtq.worker``) stopped by PID, a task module
+for subprocesses written to a temporary folder, and deadline-bound waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+
+from dtq import keys
+from dtq.config import Settings
+from dtq.models import TaskStatus
+from dtq.worker import Worker
+from dtq_tasks import Handler
+
+REPO = Path(__file__).resolve().parents[2]
+
+FAST: dict[str, Any] = {
+    "heartbeat_interval_s": 0.2,
+    "visibility_timeout_s": 1.5,
+    "reaper_interval_s": 0.2,
+    "scheduler_interval_s": 0.05,
+    "drain_timeout_s": 5,
+    "retry_base_delay": 0.05,
+    "retry_max_delay": 0.4,
+    "retry_jitter": 0.2,
+}
+
+
+def fast(settings: Settings, **overrides: Any) -> Settings:
+    return settings.model_copy(update={**FAST, **overrides})
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], timeout_s: float = 10.0, what: str = "condition"
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s}s")
+        await asyncio.sleep(0.02)
+
+
+async def wait_status(
+    r: Redis, task_id: str, *statuses: str, timeout_s: float = 10.0
+) -> dict[str, str]:
+    """Wait until the task hash has one of ``statuses``; returns the hash."""
+    seen: dict[str, str] = {}
+
+    async def check() -> bool:
+        nonlocal seen
+        seen = await r.hgetall(keys.task(task_id))
+        return seen.get("status") in statuses
+
+    try:
+        await wait_until(check, timeout_s, f"task {task_id} {statuses}")
+    except AssertionError:
+        raise AssertionError(f"task {task_id} never reached {statuses}; last: {seen}") from None
+    return seen
+
+
+def handlers(**fns: Callable[..., Any]) -> dict[str, Handler]:
+    return {name: Handler(name, fn) for name, fn in fns.items()}
+
+
+@contextlib.asynccontextmanager
+async def running_worker(
+    settings: Settings,
+    handler_map: Mapping[str, Handler],
+    *,
+    queues: tuple[str, ...] = ("default",),
+    concurrency: int = 4,
+    worker_id: str | None = None,
+    force_stop: bool = False,
+) -> AsyncIterator[Worker]:
+    """An in-process worker; always stopped (drained unless ``force_stop``) on exit."""
+    worker = Worker(
+        settings, queues=queues, concurrency=concurrency, handlers=handler_map, worker_id=worker_id
+    )
+    run = asyncio.create_task(worker.run())
+    started = asyncio.create_task(worker.started.wait())
+    await asyncio.wait({run, started}, timeout=15, return_when=asyncio.FIRST_COMPLETED)
+    if run.done():
+        started.cancel()
+        run.result()
+    assert worker.started.is_set(), "the worker did not start within 15 s"
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        if force_stop:
+            worker.stop()
+        await asyncio.wait_for(run, 30)
+
+
+class Events:
+    """Collects every event published on ``dtq:events`` while open."""
+
+    def __init__(self, url: str) -> None:
+        self._client = Redis.from_url(url, decode_responses=True)
+        self._pubsub = self._client.pubsub()
+        self.items: list[dict[str, Any]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Events:
+        await self._pubsub.subscribe(keys.EVENTS)
+        self._task = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        import json
+
+        while True:
+            msg = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if msg is not None:
+                self.items.append(json.loads(msg["data"]))
+
+    def of(self, etype: str, task_id: str | None = None) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in self.items
+            if e["type"] == etype and (task_id is None or e["task_id"] == task_id)
+        ]
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self._pubsub.unsubscribe()
+        await self._pubsub.aclose()
+        await self._client.aclose()
+
+
+# -- subprocess workers -------------------------------------------------------------------------
+
+SUBPROCESS_TASKS = '''
+"""Task types for worker subprocesses in the tests; every execution is recorded in Redis."""
+import asyncio
+import os
+import time
+
+import redis
+
+from dtq_tasks import TaskContext, task
+
+
+def _redis():
+    return redis.Redis.from_url(os.environ["DTQ_REDIS_URL"], decode_responses=True)
+
+
+def _record(ctx: TaskContext, what: str) -> None:
+    r = _redis()
+    try:
+        r.rpush(f"test:calls:{ctx.task_id}", f"{what}:{ctx.attempt}:{ctx.worker_id}")
+    finally:
+        r.close()
+
+
+@task("sp_sleep")
+async def sp_sleep(payload, ctx):
+    """Sleep payload["s"] (or payload["by_attempt"][attempt - 1]) seconds, recording both ends."""
+    _record(ctx, "start")
+    by_attempt = payload.get("by_attempt")
+    s = by_attempt[min(ctx.attempt, len(by_attempt)) - 1] if by_attempt else payload.get("s", 1)
+    await asyncio.sleep(float(s))
+    _record(ctx, "end")
+    return {"attempt": ctx.attempt, "worker_id": ctx.worker_id}
+
+
+@task("sp_block")
+def sp_block(payload, ctx):
+    """A sync handler blocking its thread payload["s"] seconds."""
+    _record(ctx, "start")
+    time.sleep(float(payload.get("s", 1)))
+    _record(ctx, "end")
+    return {"attempt": ctx.attempt}
+
+
+@task("sp_crash")
+def sp_crash(payload, ctx):
+    """Kill the worker process running it (no cleanup, like a segfault)."""
+    _record(ctx, "start")
+    os._exit(17)
+'''
+
+
+def write_task_module(folder: Path, name: str = "sp_tasks") -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.py").write_text(textwrap.dedent(SUBPROCESS_TASKS))
+    return name
+
+
+class WorkerProcess:
+    """``python -m dtq.worker`` in a subprocess; stopped by PID, output kept in a log file."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        folder: Path,
+        *,
+        worker_id: str | None = None,
+        args: tuple[str, ...] = (),
+        env: Mapping[str, Any] | None = None,
+        tasks: str = "sp_tasks",
+    ) -> None:
+        self.worker_id = worker_id
+        self.log_path = folder / f"worker-{worker_id or 'x'}-{time.monotonic_ns()}.log"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_")}
+        full_env.update({f"DTQ_{k.upper()}": str(v) for k, v in FAST.items()})
+        full_env["DTQ_REDIS_URL"] = redis_url
+        full_env["DTQ_LOG_LEVEL"] = "INFO"
+        full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "src")])
+        if worker_id:
+            full_env["DTQ_WORKER_ID"] = worker_id
+        full_env.update({k: str(v) for k, v in (env or {}).items()})
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "dtq.worker", "--tasks", tasks, *args],
+            cwd=folder,
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        if self.process.poll() is None:
+            os.kill(self.pid, signum)
+
+    def wait(self, timeout_s: float) -> int:
+        return self.process.wait(timeout_s)
+
+    def stop(self) -> None:
+        """SIGCONT (in case it is stopped), SIGTERM, then SIGKILL after a deadline."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGCONT)
+                os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self._log.close()
+
+
+async def wait_worker_ready(r: Redis, worker_id: str, timeout_s: float = 20.0) -> None:
+    async def ready() -> bool:
+        return await r.hget(keys.worker(worker_id), "status") in {"ready", "busy"}
+
+    await wait_until(ready, timeout_s, f"worker {worker_id} ready")
+
+
+async def calls(r: Redis, task_id: str) -> list[str]:
+    return list(await r.lrange(f"test:calls:{task_id}", 0, -1))
+
+
+def terminal(h: Mapping[str, str]) -> bool:
+    return h.get("status") in {
+        s.value
+        for s in (
+            TaskStatus.SUCCEEDED,
+            TaskStatus.FAILED,
+            TaskStatus.DEAD_LETTERED,
+            TaskStatus.CANCELLED,
+            TaskStatus.EXPIRED,
+        )
+    }
