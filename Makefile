@@ -24,5 +24,9 @@ test: lint
 run: $(STAMP)
 	$(BIN)/dtq dev
 
+# Figures, never a gate: one run of every scenario with its baseline (bench/README.md).
+bench: $(STAMP)
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) .dtq .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""dtq's benchmarks: ``python -m bench`` (``make bench``); see bench/README.md."""

@@ -1,0 +1,147 @@
+"""Expiration: 100,000 delayed tasks whose deadline passes at the same moment.
+
+1. Sweep throughput: the scheduler's ``tick()`` (``dtq.worker.scheduler.Scheduler``) called in a
+   loop in this process until ``dtq:expiry`` is empty; tasks/s and total seconds.
+2. Its effect on a running worker: the same 100,000 tasks expire while a worker (whose own
+   scheduler sweeps them) serves the 200 tasks/s latency load; submit->start p99 during the
+   sweep, beside the plain latency scenario's; and how long the worker's sweep took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import time
+from typing import Any
+
+from redis.asyncio import Redis
+
+from bench.harness import NOOP_TASK, Env, Result, redis_now_ms, skipped, wait_until
+from bench.scenarios.latency import paced_load, warm_worker
+from bench.workers import find_worker, spawn_worker
+from dtq import Queue, keys
+from dtq.store import ms_to_dt
+
+
+def _scheduler_missing() -> str:
+    try:
+        if importlib.util.find_spec("dtq.worker.scheduler") is None:
+            return "dtq.worker.scheduler does not exist yet"
+    except ImportError as exc:
+        return f"dtq.worker.scheduler cannot be imported ({exc})"
+    from dtq.worker import scheduler
+
+    if not hasattr(scheduler, "Scheduler") or not hasattr(scheduler.Scheduler, "tick"):
+        return "dtq.worker.scheduler has no Scheduler.tick() yet"
+    return ""
+
+
+async def _fill_expiring(env: Env, q: Queue, r: Redis, n: int, extra_s: float) -> int:
+    """Queue ``n`` delayed tasks (due in an hour) that all expire at one moment, after they are
+    all submitted plus ``extra_s``; returns that moment (Redis clock, ms)."""
+    margin_s = n / max(env.enqueue_rate, 1000) * 1.5 + (0.5 if env.quick else 2) + extra_s
+    deadline_ms = await redis_now_ms(r) + int(margin_s * 1000)
+    await env.fill(q, n, NOOP_TASK, delay_seconds=3600, expires_at=ms_to_dt(deadline_ms))
+    return deadline_ms
+
+
+async def _wait_for(r: Redis, at_ms: int) -> None:
+    now = await redis_now_ms(r)
+    if now < at_ms:
+        await asyncio.sleep((at_ms - now) / 1000)
+
+
+async def _sweep(env: Env, n: int) -> Result:
+    from dtq.worker.scheduler import Scheduler
+
+    await env.flush()
+    q = await env.queue()
+    r = await env.redis()
+    try:
+        deadline_ms = await _fill_expiring(env, q, r, n, extra_s=0)
+        indexed = await r.zcard(keys.EXPIRY)
+        await _wait_for(r, deadline_ms + 5)
+        sched = Scheduler(q.store, env.settings, "bench-sweeper")
+        t = time.perf_counter()
+        ticks = 0
+        limit = 120 if not env.quick else 30
+        while await r.zcard(keys.EXPIRY) > 0 and time.perf_counter() - t < limit:
+            await sched.tick()
+            ticks += 1
+        elapsed = time.perf_counter() - t
+        left = await r.zcard(keys.EXPIRY)
+        expired = indexed - left
+    finally:
+        await q.close()
+        await r.aclose()
+        await env.flush()
+    rate = expired / elapsed if elapsed else float("nan")
+    return Result(
+        "expiration.sweep",
+        figure="seconds",
+        unit="s",
+        values={"seconds": elapsed, "rate": rate, "expired": expired, "left": left,
+                "ticks": ticks, "n": n},
+        target=f"{n:,} within 30 s" if not env.quick else "",
+        met=(left == 0 and elapsed <= 30) if not env.quick else None,
+        note=f"{expired:,} delayed tasks expired at once, swept by Scheduler.tick() in a loop "
+        f"({ticks} ticks, {rate:,.0f} tasks/s){'; ' + str(left) + ' left' if left else ''}",
+    )  # fmt: skip
+
+
+async def _during_drain(env: Env, n: int) -> Result:
+    cli = find_worker()
+    if isinstance(cli, str):
+        return skipped("expiration.latency_during_sweep", cli)
+    await env.flush()
+    q = await env.queue()
+    r = await env.redis()
+    duration = 1.0 if env.quick else 10.0
+    values: dict[str, Any]
+    try:
+        # The deadline falls ~1 s into the paced load (warm-up of the worker included).
+        deadline_ms = await _fill_expiring(env, q, r, n, extra_s=1.5 if env.quick else 3)
+        spawn_worker(env, cli, concurrency=env.concurrency)
+        await warm_worker(q, r)
+        await _wait_for(r, deadline_ms - 1000)
+        sweep_done: list[float] = []
+
+        async def swept() -> bool:
+            return await r.zcard(keys.EXPIRY) == 0
+
+        async def watch() -> None:
+            if await wait_until(swept, 90, interval_s=0.05):
+                sweep_done.append((await redis_now_ms(r) - deadline_ms) / 1000)
+
+        watcher = asyncio.create_task(watch())
+        values = await paced_load(env, q, r, duration)
+        await watcher
+        values["sweep_s"] = sweep_done[0] if sweep_done else float("nan")
+        values["expiring"] = n
+    finally:
+        env.stop_children()
+        await q.close()
+        await r.aclose()
+        await env.flush()
+    return Result(
+        "expiration.latency_during_sweep",
+        figure="p99_ms",
+        unit="ms p99",
+        values=values,
+        target="p99 <= 10 ms; sweep <= 30 s" if not env.quick else "",
+        met=(values["p99_ms"] <= 10 and values["sweep_s"] <= 30) if not env.quick else None,
+        note=f"200 tasks/s for {duration:.0f} s while {n:,} tasks expire; p50 "
+        f"{values['p50_ms']:.0f} ms; the worker's own scheduler swept them in "
+        f"{values['sweep_s']:.1f} s after the deadline",
+    )
+
+
+async def run(env: Env) -> list[Result]:
+    reason = _scheduler_missing()
+    if reason:
+        return [
+            skipped("expiration.sweep", reason),
+            skipped("expiration.latency_during_sweep", reason),
+        ]
+    n = env.n(100_000, 500)
+    return [await _sweep(env, n), await _during_drain(env, n)]

@@ -1,0 +1,49 @@
+"""Scaling: the drain with 1, 2 and 4 worker processes (``--processes N``), as speed-up over one.
+
+On a 2-core machine Redis, the worker processes and this benchmark share both cores: 4 processes
+show the cost of oversubscription rather than a gain.
+"""
+
+from __future__ import annotations
+
+from bench.harness import NOOP_TASK, Env, Result, skipped
+from bench.workers import drain, find_worker
+
+PROCESSES = (1, 2, 4)
+QUICK_PROCESSES = (1, 2)  # the smoke run keeps to its time budget
+
+
+async def run(env: Env) -> list[Result]:
+    cli = find_worker()
+    if isinstance(cli, str):
+        return [skipped("scaling.processes", cli)]
+    if not cli.has_processes:
+        return [skipped("scaling.processes", "the worker has no --processes option yet")]
+    n = env.n(20_000, 300)
+    rates: dict[int, float] = {}
+    counts = QUICK_PROCESSES if env.quick else PROCESSES
+    for procs in counts:
+        await env.flush()
+        q = await env.queue()
+        try:
+            ids = await env.fill(q, n, NOOP_TASK)
+        finally:
+            await q.close()
+        rates[procs] = (
+            await drain(env, cli, ids, concurrency=env.concurrency, processes=procs)
+        ).rate
+    await env.flush()
+    one = rates[1]
+    return [
+        Result(
+            f"scaling.processes_{p}",
+            figure="rate",
+            unit="tasks/s",
+            values={"rate": rates[p], "processes": p, "n": n},
+            ratios={"one_process": rates[p] / one},
+            target=">= 1.5x one process" if p == 2 else "",
+            met=rates[p] >= 1.5 * one if p == 2 else None,
+            note=f"{n:,} no-op tasks, --processes {p} --concurrency {env.concurrency}",
+        )
+        for p in counts
+    ]
