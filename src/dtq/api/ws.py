@@ -223,24 +223,30 @@ class EventHub:
 async def serve_client(ws: WebSocket, hub: EventHub, params: Iterable[tuple[str, str]]) -> None:
     """Run one WebSocket client until it leaves, overflows, or the server stops."""
     query = dict(params)
-    await ws.accept()
     try:
         flt = EventFilter.parse(query.get("queue"), query.get("task_id"), query.get("type"))
     except ValueError as exc:
+        await ws.accept()
         await ws.close(code=CLOSE_POLICY, reason=str(exc)[:120])
         return
+    # Subscribed before the handshake completes: once the client sees the connection open,
+    # it misses no event published after that.
     sub = hub.add(flt)
-    pump = asyncio.create_task(_pump(ws, sub))
-    listen = asyncio.create_task(_until_disconnect(ws))
+    pump: asyncio.Task[None] | None = None
+    listen: asyncio.Task[None] | None = None
     try:
-        done, _ = await asyncio.wait({pump, listen}, return_when=asyncio.FIRST_COMPLETED)
-        if pump in done and not pump.cancelled() and pump.exception() is None and sub.overflowed:
+        await ws.accept()
+        pump = asyncio.create_task(_pump(ws, sub))
+        listen = asyncio.create_task(_until_disconnect(ws))
+        await asyncio.wait({pump, listen}, return_when=asyncio.FIRST_COMPLETED)
+        if sub.overflowed:
             log.info("closed a slow WebSocket client: %d events dropped", sub.dropped)
     finally:
         hub.remove(sub)
-        for t in (pump, listen):
+        running = [t for t in (pump, listen) if t is not None]
+        for t in running:
             t.cancel()
-        for t in (pump, listen):
+        for t in running:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
 
