@@ -518,6 +518,47 @@ async def test_purge_queue_removes_orphans(queue: Queue, r: Redis) -> None:
     assert await r.zcard(keys.RETRY_SCHEDULE) == 0
 
 
+async def test_cancel_with_reason_purge_keeps_user_metadata(queue: Queue, r: Redis) -> None:
+    meta = {"tags": [], "big": 12345678901234567}
+    task = await queue.submit("echo_task", {}, metadata=meta)
+    await admin.cancel(queue.store, task.task_id, reason="purge")
+    got = await queue.get(task.task_id)
+    assert got.metadata == {**meta, "purged": True}
+
+
+async def test_scripts_refuse_metadata_changed_since_it_was_read(queue: Queue, r: Redis) -> None:
+    """Compare-and-set: a script given metadata that is no longer the hash's writes nothing."""
+    dead = await queue.submit("echo_task", {}, metadata={"a": 1})
+    await dead_letter(r, dead.task_id)
+    reply = await queue.scripts.call(
+        r,
+        "dlq_discard",
+        [keys.task(dead.task_id), keys.history(dead.task_id), keys.DEAD_LETTER, keys.AUDIT],
+        [dead.task_id, '{"a":0}', '{"a":0,"discarded":true}', "", 60, "someone", ""],
+    )
+    assert reply == ["err", "STALE"]
+    assert await r.xlen(keys.DEAD_LETTER) == 1 and await audit_entries(r) == []
+    waiting = await queue.submit("echo_task", {}, queue="mail", metadata={"a": 1})
+    reply = await queue.scripts.call(
+        r,
+        "purge_queue",
+        [
+            keys.RETRY_SCHEDULE,
+            keys.RETRY_CLAIMED,
+            keys.EXPIRY,
+            keys.CANCELLED,
+            keys.AUDIT,
+            *keys.queue_streams("mail"),
+            keys.task(waiting.task_id),
+            keys.history(waiting.task_id),
+            keys.idempotency("mail", None),
+        ],
+        ["mail", 60, 60, keys.EVENTS, "", "", waiting.task_id, "", "", "e1", "{}", "{}"],
+    )
+    assert reply == [0, waiting.task_id]
+    assert (await queue.get(waiting.task_id)).status is TaskStatus.QUEUED
+
+
 # -- statistics, workers, audit log -------------------------------------------------------------
 
 

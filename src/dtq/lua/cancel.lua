@@ -30,10 +30,13 @@ local ts = iso(now_ms())
 local retention = tonumber(ARGV[2])
 local fields = {'status', 'cancelled', 'updated_at', ts, 'finished_at', ts}
 if ARGV[6] == 'purge' then
-  local meta = cjson.decode(h[7] or '{}')
-  meta.purged = true
+  -- Append the flag to the JSON text: a cjson round trip would turn [] into {} and round big
+  -- integers in the user's metadata. Appended last, it wins over a user key of the same name.
+  local meta = h[7] or ''
+  if meta == '' or meta == '{}' then meta = '{"purged":true}'
+  else meta = string.sub(meta, 1, -2) .. ',"purged":true}' end
   fields[#fields + 1] = 'metadata'
-  fields[#fields + 1] = cjson.encode(meta)
+  fields[#fields + 1] = meta
 end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('EXPIRE', KEYS[1], retention)
