@@ -29,7 +29,7 @@ from dtq import admin
 from dtq.admin import Audit
 from dtq.clock import redis_time_ms
 from dtq.config import Settings, load_settings
-from dtq.errors import DtqError, InvalidTaskError, RedisUnavailableError
+from dtq.errors import ConfigError, DtqError, InvalidTaskError, RedisUnavailableError
 from dtq.models import (
     AuditEntry,
     DeadLetter,
@@ -127,11 +127,14 @@ class Queue:
                 raise InvalidTaskError("give only one of expires_at and ttl")
             options["ttl_seconds"] = ttl_delta_seconds(ttl)
         fields = {k: v for k, v in options.items() if v is not None}
+        # A non-mapping goes to validation as it is: dict() would turn [["a", 1]] into an
+        # object, and raise a bare TypeError for [1, 2].
+        body: Any = {} if payload is None else payload
         return SubmitRequest.build(
             self.settings,
             self.known_types,
             task_type=task_type,
-            payload=dict(payload) if payload is not None else {},
+            payload=dict(body) if isinstance(body, Mapping) else body,
             **fields,
         )
 
@@ -168,7 +171,7 @@ class Queue:
             idempotency_key=idempotency_key,
             max_attempts=max_attempts,
             timeout_ms=timeout_ms,
-            metadata=dict(metadata) if metadata is not None else None,
+            metadata=dict(metadata) if isinstance(metadata, Mapping) else metadata,
         )
         return await self.store.submit(req)
 
@@ -335,14 +338,19 @@ async def connect(
     """Connect to Redis and check it answers. ``known_types`` (if given) is the registry that
     submissions are checked against; without it any well-formed task_type is accepted."""
     settings = settings or load_settings()
-    if url is not None:
-        settings = settings.model_copy(update={"redis_url": url})
-    redis = Redis.from_url(
-        settings.redis_url,
-        decode_responses=True,
-        health_check_interval=30,
-        socket_connect_timeout=5,
-    )
+    if url is not None:  # validated like DTQ_REDIS_URL (model_copy would skip the check)
+        settings = load_settings(**{**settings.model_dump(), "redis_url": url})
+    try:
+        redis = Redis.from_url(
+            settings.redis_url,
+            decode_responses=True,
+            health_check_interval=30,
+            socket_connect_timeout=5,
+        )
+    except ValueError as exc:  # e.g. a port that is not a number
+        raise ConfigError(
+            f"invalid configuration: DTQ_REDIS_URL={_safe_url(settings.redis_url)!r}: {exc}"
+        ) from None
     queue = Queue(redis, settings, known_types=known_types)
     try:
         await redis.ping()
@@ -360,7 +368,11 @@ class SyncQueue:
 
     def __init__(self, url: str | None = None, **kwargs: Any) -> None:
         self._runner = asyncio.Runner()
-        self._queue = self._runner.run(connect(url, **kwargs))
+        try:
+            self._queue = self._runner.run(connect(url, **kwargs))
+        except BaseException:
+            self._runner.close()  # else the loop is left open (ResourceWarning at exit)
+            raise
 
     def _run(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return self._runner.run(getattr(self._queue, name)(*args, **kwargs))

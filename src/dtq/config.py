@@ -25,7 +25,11 @@ class Settings(BaseSettings):
     """All of dtq's settings with the contract's defaults. Durations carry their unit."""
 
     model_config = SettingsConfigDict(
-        env_prefix="DTQ_", extra="ignore", frozen=True, validate_default=True
+        env_prefix="DTQ_",
+        extra="ignore",
+        frozen=True,
+        validate_default=True,
+        allow_inf_nan=False,  # DTQ_RETRY_MAX_DELAY=inf would pass every ">= 0" rule
     )
 
     redis_url: str = "redis://localhost:6379/0"
@@ -124,4 +128,8 @@ def _one_line(exc: ValidationError) -> str:
     if not loc:  # a cross-field rule: its message names the variables already
         return f"invalid configuration: {msg}"
     name = "DTQ_" + str(loc[0]).upper()
-    return f"invalid configuration: {name}={err.get('input')!r}: {msg}"
+    value = err.get("input")
+    if isinstance(value, str) and "@" in value and "://" in value:  # a URL's password stays out
+        scheme, _, rest = value.partition("://")
+        value = f"{scheme}://***@{rest.rpartition('@')[2]}"
+    return f"invalid configuration: {name}={value!r}: {msg}"

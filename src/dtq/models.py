@@ -46,6 +46,7 @@ __all__ = [
     "compact_json",
     "format_ts",
     "parse_ts",
+    "ttl_delta_seconds",
 ]
 
 METADATA_MAX_BYTES = 4096
@@ -157,14 +158,14 @@ class SubmitRequest(BaseModel):
     @field_validator("task_type")
     @classmethod
     def _task_type(cls, value: str) -> str:
-        if not TASK_TYPE_RE.match(value):
+        if not TASK_TYPE_RE.fullmatch(value):  # fullmatch: "$" alone lets a final "\n" in
             raise ValueError("must be 1-128 characters: letters, digits, '_', '.', ':', '-'")
         return value
 
     @field_validator("queue")
     @classmethod
     def _queue(cls, value: str) -> str:
-        if not QUEUE_RE.match(value):
+        if not QUEUE_RE.fullmatch(value):
             raise ValueError(f"must match {QUEUE_RE.pattern}")
         return value
 
@@ -189,6 +190,16 @@ class SubmitRequest(BaseModel):
     def _finite(cls, value: float | None) -> float | None:
         if value is not None and not math.isfinite(value):
             raise ValueError("must be a finite number")
+        return value
+
+    @field_validator(
+        "max_attempts", "priority", "timeout_ms", "delay_seconds", "ttl_seconds", mode="before"
+    )
+    @classmethod
+    def _not_bool(cls, value: Any) -> Any:
+        # pydantic's lax mode reads true as 1; a JSON boolean is never a count or a duration.
+        if isinstance(value, bool):
+            raise ValueError("must be a number, not a boolean")
         return value
 
     @model_validator(mode="after")
@@ -217,7 +228,10 @@ class SubmitRequest(BaseModel):
         try:
             self._payload_json = compact_json(self.payload)
             self._metadata_json = compact_json(self.metadata)
-        except (TypeError, ValueError) as exc:
+            # Sizes are UTF-8 bytes: a lone surrogate (JSON "\ud800") cannot be stored or sent.
+            self._payload_json.encode()
+            self._metadata_json.encode()
+        except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
             raise ValueError(f"payload and metadata must be JSON: {exc}") from None
         return self
 

@@ -29,7 +29,7 @@ from dtq.errors import (
 from dtq.models import HistoryEntry, SubmitRequest, Task, TaskStatus
 from dtq.scripts import Call, Scripts
 
-__all__ = ["RECENT_CAP", "Store", "ms_to_dt"]
+__all__ = ["RECENT_CAP", "Store", "ms_to_dt", "new_id"]
 
 RECENT_CAP = 10_000
 _LIST_CHUNK = 500
@@ -106,17 +106,20 @@ class Store:
         replies = await self.scripts.call_many(
             self.redis, [self.submit_call(r, i) for r, i in zip(reqs, ids, strict=True)]
         )
-        out: list[Task | DtqError] = []
-        for req, task_id, reply in zip(reqs, ids, replies, strict=True):
+        for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
+        # Replays return the stored tasks: all of them read in one more round trip.
+        dup_ids = [str(reply[2]) for reply in replies if reply[0] == "dup"]
+        stored = {t.task_id: t for t in await self.get_many(dup_ids)}
+        out: list[Task | DtqError] = []
+        for req, task_id, reply in zip(reqs, ids, replies, strict=True):
             kind = reply[0]
             if kind == "new":
                 out.append(_new_task(req, task_id, reply, self.settings))
             elif kind == "dup":
-                try:
-                    task = await self.get(reply[2])
-                except TaskNotFoundError:
+                task = stored.get(str(reply[2]))
+                if task is None:
                     out.append(
                         TaskNotFoundError(
                             f"idempotency key {req.idempotency_key!r} belongs to task "

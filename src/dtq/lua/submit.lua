@@ -87,7 +87,13 @@ if delayed then
 else
   local stream = KEYS[8 + (9 - priority)]
   if redis.call('EXISTS', stream) == 0 then
-    redis.call('XGROUP', 'CREATE', stream, 'workers', '0', 'MKSTREAM')
+    -- A new stream: ensure the group on all ten streams of the queue (issue 2), so that a
+    -- worker's XREADGROUP over p9..p0 never meets a stream without it (NOGROUP).
+    for i = 8, 17 do
+      if redis.call('EXISTS', KEYS[i]) == 0 then
+        redis.call('XGROUP', 'CREATE', KEYS[i], 'workers', '0', 'MKSTREAM')
+      end
+    end
   end
   entry_id = redis.call('XADD', stream, '*', 'task_id', task_id, 'queue', queue,
     'task_type', task_type, 'payload', ARGV[3], 'attempt', 1, 'max_attempts', ARGV[6],

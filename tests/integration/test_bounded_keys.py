@@ -1,0 +1,157 @@
+"""No unbounded state (contract section 2): after a mixed workload every key in Redis has a TTL
+or is one of the documented bounded keys, and the bounded ones hold only live members.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+from typing import Any
+
+from redis.asyncio import Redis
+
+from dtq import Queue, connect, keys
+from dtq.admin import sweep_expired
+from dtq.config import Settings
+from dtq.errors import IdempotencyInProgressError, QueueFullError
+from dtq.models import NOT_STARTED, TaskStatus
+from dtq.store import RECENT_CAP
+
+# Keys without a TTL, each with the reason it cannot grow without bound.
+BOUNDED: dict[str, str] = {
+    r"dtq:stream:[a-z0-9][a-z0-9_-]{0,63}:p[0-9]": (
+        "task stream: an entry is XDELed when ACKed or removed by cancel/expire, and admission "
+        "keeps the sum of XLEN over a queue's streams <= DTQ_MAX_QUEUE_DEPTH"
+    ),
+    re.escape(keys.DEAD_LETTER): "DLQ stream: XADD MAXLEN ~ DTQ_DLQ_MAXLEN",
+    re.escape(keys.AUDIT): "audit stream: XADD MAXLEN ~ 10000",
+    re.escape(keys.RETRY_SCHEDULE): (
+        "one member per delayed or retrying task, removed at promotion, cancel or expiry"
+    ),
+    re.escape(keys.RETRY_CLAIMED): "claimed members are removed after XADD; stale ones reaped",
+    re.escape(keys.RECENT): f"trimmed to {RECENT_CAP} members at every submit",
+    re.escape(keys.EXPIRY): (
+        "one member per expiring task not started yet, removed when it starts, ends or expires; "
+        "the sweep drops members of gone or finished tasks"
+    ),
+    re.escape(keys.QUEUES): "one member per queue name",
+    re.escape(keys.WORKERS): "members removed once their heartbeat hash has expired",
+    re.escape(keys.CANCELLED): "members removed when their delivered entry is consumed",
+    r"dtq:queue:[a-z0-9][a-z0-9_-]{0,63}:paused": "one per paused queue, deleted at resume",
+}
+BOUNDED_RE = re.compile("|".join(f"(?:{p})" for p in BOUNDED) + r"\Z")
+
+
+async def wait_until_redis_ms(r: Redis, target_ms: int, timeout_s: float = 5.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        sec, usec = await r.time()
+        now = int(sec) * 1000 + int(usec) // 1000
+        if now >= target_ms:
+            return now
+    raise AssertionError(f"Redis clock did not reach {target_ms} within {timeout_s}s")
+
+
+async def mixed_workload(q: Queue, small: Queue, r: Redis) -> None:
+    plain = [await q.submit("echo_task", {"p": p}, priority=p, queue="mix") for p in range(10)]
+    delayed = await q.submit("echo_task", delay_seconds=120, queue="mix")
+    await q.submit("echo_task", delay_seconds=300, ttl_seconds=600)
+    expiring = await q.submit("echo_task", ttl_seconds=0.05, queue="mix")
+    await q.submit("echo_task", metadata={"ttl_seconds": 3600})
+    await q.submit("echo_task", ttl_seconds=0)  # expired at submit
+    keyed = await q.submit("echo_task", idempotency_key="k-1")
+    with contextlib.suppress(IdempotencyInProgressError):
+        await q.submit("echo_task", idempotency_key="k-1")
+    await q.cancel(keyed.task_id)
+    await q.submit("echo_task", idempotency_key="k-1")  # duplicate replay
+    await q.submit("echo_task", idempotency_key="k-1", queue="other")
+    await q.cancel(plain[3].task_id)
+    await q.cancel(delayed.task_id)
+    await q.mark_expired(plain[4].task_id)
+    await q.submit_many(
+        [
+            {"task_type": "echo_task", "priority": i % 10, "idempotency_key": f"b-{i}"}
+            for i in range(40)
+        ]
+    )
+    for _ in range(4):
+        with contextlib.suppress(QueueFullError):
+            await small.submit("echo_task", queue="tiny")
+    # The expiry sweep (the scheduler leader's job) marks the due task and cleans its indexes.
+    h = await r.hgetall(keys.task(expiring.task_id))
+    now = await wait_until_redis_ms(r, int(h["expires_at_ms"]))
+    assert await sweep_expired(q.store, now, 100) == [expiring.task_id]
+
+
+async def test_every_key_has_a_ttl_or_a_bound(settings: Settings, queue: Queue, r: Redis) -> None:
+    small = await connect(settings=Settings(**{**settings.model_dump(), "max_queue_depth": 2}))
+    try:
+        await mixed_workload(queue, small, r)
+    finally:
+        await small.close()
+
+    max_ttl_ms = max(settings.task_retention_s, settings.idem_ttl_s) * 1000
+    unbounded: list[str] = []
+    kinds: dict[str, int] = {}
+    async for key in r.scan_iter(count=1000):
+        pttl = await r.pttl(key)
+        if pttl > 0:
+            assert pttl <= max_ttl_ms, (key, pttl)
+            kinds["ttl"] = kinds.get("ttl", 0) + 1
+            continue
+        assert pttl == -1, (key, pttl)
+        if not BOUNDED_RE.match(key):
+            unbounded.append(f"{key} ({await r.type(key)})")
+        kinds[key.split(":")[1]] = kinds.get(key.split(":")[1], 0) + 1
+    assert not unbounded, f"keys without TTL and without a documented bound: {unbounded}"
+    assert not await r.exists(keys.idempotency("default", None))  # the placeholder is never set
+    assert kinds["ttl"] > 100  # the workload did write per-task keys
+    lock_ttl = await r.pttl(keys.SCHEDULER_LOCK)
+    assert lock_ttl == -2 or 0 < lock_ttl <= 10_000  # absent, or SET NX PX 10000
+
+
+async def status_of(r: Redis, task_id: str) -> str | None:
+    value: str | None = await r.hget(keys.task(task_id), "status")
+    return value
+
+
+async def test_bounded_keys_hold_only_live_members(
+    settings: Settings, queue: Queue, r: Redis
+) -> None:
+    small = await connect(settings=Settings(**{**settings.model_dump(), "max_queue_depth": 2}))
+    try:
+        await mixed_workload(queue, small, r)
+    finally:
+        await small.close()
+    not_started = {s.value for s in NOT_STARTED}
+
+    # Every stream entry is the one live entry of a queued task.
+    for queue_name in await queue.store.queues():
+        total = 0
+        for stream in keys.queue_streams(queue_name):
+            for entry_id, fields in await r.xrange(stream):
+                h: dict[str, Any] = await r.hgetall(keys.task(fields["task_id"]))
+                assert h["status"] == TaskStatus.QUEUED.value, (stream, fields)
+                assert h["entry_id"] == entry_id
+                assert keys.stream(h["queue"], int(h["priority"])) == stream
+                total += 1
+        assert total <= (2 if queue_name == "tiny" else settings.max_queue_depth)
+
+    for tid in await r.zrange(keys.RETRY_SCHEDULE, 0, -1):
+        assert await status_of(r, tid) in {"pending", "retrying"}, tid
+    for tid, score in await r.zrange(keys.EXPIRY, 0, -1, withscores=True):
+        assert await status_of(r, tid) in not_started, tid
+        assert await r.hget(keys.task(tid), "expires_at_ms") == str(int(score))
+    assert await r.scard(keys.CANCELLED) == 0  # nothing was delivered, so nothing waits for ACK
+    assert await r.zcard(keys.RECENT) <= RECENT_CAP
+    assert await r.smembers(keys.QUEUES) == {"mix", "default", "other", "tiny"}
+
+    # Idempotency records point at their task; the state follows the task's status.
+    async for key in r.scan_iter(match=keys.idempotency("*", "*"), count=1000):
+        record = json.loads(await r.get(key))
+        status = await status_of(r, record["task_id"])
+        assert status is not None, key
+        expected = "processing" if status in not_started else "failed"
+        assert record["state"] == expected, (key, status, record)

@@ -1,0 +1,96 @@
+"""Scripts: loaded once, called by SHA, re-loaded after NOSCRIPT without running anything twice."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from dtq import Queue, keys
+from dtq.models import Task
+from dtq.scripts import SCRIPT_NAMES, Scripts
+
+
+async def task_count(r: Redis) -> int:
+    n = 0
+    async for key in r.scan_iter(match=keys.task("*"), count=1000):
+        n += key.count(":") == 2
+    return n
+
+
+async def depth(r: Redis, queue: str) -> int:
+    return sum([await r.xlen(k) for k in keys.queue_streams(queue)])
+
+
+def test_every_lua_file_is_a_known_script() -> None:
+    files = {
+        p.name.removesuffix(".lua")
+        for p in resources.files("dtq").joinpath("lua").iterdir()
+        if p.name.endswith(".lua") and not p.name.startswith("_")
+    }
+    assert files <= set(SCRIPT_NAMES), (
+        f"not in SCRIPT_NAMES, never loaded: {files - set(SCRIPT_NAMES)}"
+    )
+    scripts = Scripts()
+    assert set(scripts.source) == files
+    for name, src in scripts.source.items():
+        assert src.startswith(resources.files("dtq").joinpath("lua", "_lib.lua").read_text())
+        assert len(scripts.sha[name]) == 40
+
+
+async def test_every_script_compiles_and_sha_matches(r: Redis) -> None:
+    scripts = Scripts()
+    for name, src in scripts.source.items():
+        assert await r.script_load(src) == scripts.sha[name], name
+
+
+async def test_noscript_after_flush(queue: Queue, r: Redis) -> None:
+    await queue.submit("echo_task")
+    await r.script_flush()
+    assert await r.script_exists(queue.scripts.sha["submit"]) == [False]
+    task = await queue.submit("echo_task", {"after": "flush"})
+    assert (await queue.get(task.task_id)).payload == {"after": "flush"}
+    # Nothing ran twice: exactly the two tasks, two entries, two index members.
+    assert await task_count(r) == 2
+    assert await depth(r, "default") == 2
+    assert await r.zcard(keys.RECENT) == 2
+    assert await r.script_exists(queue.scripts.sha["submit"]) == [True]
+
+
+async def test_noscript_in_a_batch_resends_only_what_did_not_run(queue: Queue, r: Redis) -> None:
+    await r.script_flush()
+    results = await queue.submit_many(
+        [{"task_type": "echo_task", "payload": {"i": i}} for i in range(7)]
+    )
+    assert all(isinstance(t, Task) for t in results)
+    assert [t.payload["i"] for t in results if isinstance(t, Task)] == list(range(7))
+    assert await task_count(r) == 7
+    assert await depth(r, "default") == 7
+
+
+async def test_idempotent_submit_after_flush(queue: Queue, r: Redis) -> None:
+    await r.script_flush()
+    first = await queue.submit("echo_task", idempotency_key="once")
+    await queue.cancel(first.task_id)
+    await r.script_flush()
+    replay = await queue.submit("echo_task", idempotency_key="once")
+    assert replay.duplicate and replay.task_id == first.task_id
+    assert await task_count(r) == 1
+
+
+async def test_script_error_is_per_call(queue: Queue, r: Redis) -> None:
+    seen: list[tuple[str, bool]] = []
+    scripts = Scripts(on_call=lambda name, ok: seen.append((name, ok)))
+    await r.set("not-a-hash", "x")
+    # The submit script writing a hash onto a string key fails: that call alone reports it.
+    good = queue.store.submit_call(queue.build_request("echo_task", {}), "a" * 32)
+    bad_keys = ["not-a-hash", *good[1][1:]]
+    results = await scripts.call_many(r, [good, ("submit", bad_keys, good[2])])
+    assert results[0][0] == "new"
+    assert isinstance(results[1], ResponseError)
+    assert seen == [("submit", True), ("submit", False)]
+    with pytest.raises(ResponseError):
+        await scripts.call(r, "submit", bad_keys, good[2])
+    assert await scripts.call_many(r, []) == []
