@@ -1,0 +1,6 @@
+"""The ``dtq`` command line: argparse, talking to Redis through the SDK (contract section 12).
+
+The entry point is :func:`dtq_cli.cli.main`; ``docs/cli.md`` is the reference.
+"""
+
+__all__: list[str] = []

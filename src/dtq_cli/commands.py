@@ -1,0 +1,51 @@
+"""The dispatch table: each parsed ``cmd`` name to the function that runs it."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable
+
+from dtq.client import connect
+from dtq.config import Settings
+from dtq_cli import admin_cmd, run_cmd, tasks_cmd
+from dtq_cli.context import Ctx
+from dtq_cli.output import Output
+
+__all__ = ["PROCESS_COMMANDS", "REDIS_COMMANDS", "with_queue"]
+
+RedisCommand = Callable[[Ctx], Awaitable[int]]
+ProcessCommand = Callable[[argparse.Namespace, Settings, Output], int]
+
+REDIS_COMMANDS: dict[str, RedisCommand] = {
+    "submit": tasks_cmd.submit,
+    "get": tasks_cmd.get,
+    "status": tasks_cmd.status,
+    "list": tasks_cmd.list_tasks,
+    "history": tasks_cmd.history,
+    "cancel": tasks_cmd.cancel,
+    "expire": tasks_cmd.expire,
+    "dlq.list": admin_cmd.dlq_list,
+    "dlq.retry": admin_cmd.retry_dlq,
+    "dlq.discard": admin_cmd.discard_dlq,
+    "dlq.purge": admin_cmd.purge_dlq,
+    "purge": admin_cmd.purge_queue,
+    "queue.pause": admin_cmd.pause,
+    "queue.resume": admin_cmd.resume,
+    "queue.stats": admin_cmd.stats,
+}
+PROCESS_COMMANDS: dict[str, ProcessCommand] = {
+    "worker.run": run_cmd.worker_run,
+    "api": run_cmd.api,
+    "dev": run_cmd.dev,
+}
+
+
+async def with_queue(
+    command: RedisCommand, args: argparse.Namespace, settings: Settings, out: Output
+) -> int:
+    """Connect (RedisUnavailableError names the URL if that fails), run, close."""
+    queue = await connect(settings=settings)
+    try:
+        return await command(Ctx(queue, args, out))
+    finally:
+        await queue.close()

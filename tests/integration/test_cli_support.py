@@ -1,0 +1,134 @@
+"""Shared helpers of the CLI tests (no tests here): run the INSTALLED ``dtq`` executable as a
+subprocess against the test Redis, and run an in-process worker to bring tasks into states
+(running, dead-lettered) that only a worker produces."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dtq.config import Settings
+from dtq.worker import Worker
+from dtq_tasks import Handler
+
+DTQ = str(Path(sys.executable).with_name("dtq"))
+REPO = Path(__file__).resolve().parents[2]
+MISSING_ID = "f" * 32
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+def clean_env(redis_url: str, **extra: str) -> dict[str, str]:
+    """The test's environment without any DTQ_* of the developer's, plus DTQ_REDIS_URL."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_") and k != "NO_COLOR"}
+    env["DTQ_REDIS_URL"] = redis_url
+    env.update(extra)
+    return env
+
+
+class Cli:
+    """``cli("list", "--json")`` runs ``dtq list --json`` and returns code, stdout, stderr."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.redis_url = redis_url
+
+    def __call__(
+        self,
+        *args: str,
+        stdin: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 30,
+    ) -> Run:
+        proc = subprocess.run(
+            [DTQ, *args],
+            input=stdin if stdin is not None else "",
+            capture_output=True,
+            text=True,
+            env=clean_env(self.redis_url, **(env or {})),
+            timeout=timeout,
+        )
+        return Run(proc.returncode, proc.stdout, proc.stderr)
+
+    def ok(self, *args: str, **kwargs: Any) -> Run:
+        run = self(*args, **kwargs)
+        assert run.code == 0, f"dtq {' '.join(args)} -> {run.code}\n{run.out}\n{run.err}"
+        assert "Traceback" not in run.err
+        return run
+
+    def fails(self, code: int, *args: str, **kwargs: Any) -> Run:
+        """The command exits ``code`` with one error line on stderr and no traceback."""
+        run = self(*args, **kwargs)
+        assert run.code == code, f"dtq {' '.join(args)} -> {run.code}\n{run.out}\n{run.err}"
+        assert "Traceback" not in run.err
+        assert run.err.strip(), "an error must say why on stderr"
+        return run
+
+    def submit(self, *args: str) -> str:
+        """Submit and return the new task id."""
+        return str(self.ok("submit", *args, "--json").json()["task_id"])
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10, what: str = "it") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not reached within {timeout_s}s")
+
+
+async def async_wait_until(
+    predicate: Callable[[], Awaitable[bool]], timeout_s: float = 10, what: str = "it"
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{what} not reached within {timeout_s}s")
+
+
+def fast_settings(redis_url: str) -> Settings:
+    return Settings(
+        redis_url=redis_url,
+        heartbeat_interval_s=0.5,
+        visibility_timeout_s=5,
+        scheduler_interval_s=0.05,
+        reaper_interval_s=0.5,
+        drain_timeout_s=2,
+        retry_base_delay=0.05,
+        retry_max_delay=0.1,
+    )
+
+
+@asynccontextmanager
+async def running_worker(
+    redis_url: str, handlers: Mapping[str, Handler], queues: tuple[str, ...] = ("default",)
+) -> AsyncIterator[Worker]:
+    """An in-process worker with the given handlers, always stopped on exit."""
+    worker = Worker(fast_settings(redis_url), queues=queues, concurrency=4, handlers=handlers)
+    run = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.started.wait(), 10)
+        yield worker
+    finally:
+        worker.stop()
+        worker.stop()  # skip the drain: tests end their handlers themselves
+        await asyncio.wait_for(run, 15)
