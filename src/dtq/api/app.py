@@ -33,7 +33,7 @@ from dtq.api.ws import EventHub, serve_client
 from dtq.config import Settings, load_settings
 from dtq.errors import ConfigError
 
-__all__ = ["ApiState", "create_app", "load_task_types", "serve"]
+__all__ = ["DtqApp", "create_app", "load_task_types", "serve"]
 
 log = logging.getLogger("dtq.api")
 

@@ -35,6 +35,7 @@ __all__ = [
     "ApiError",
     "ErrorBody",
     "ErrorDetail",
+    "clean",
     "error_response",
     "install_error_handlers",
     "responses",
@@ -134,7 +135,9 @@ async def _dtq_error(request: Request, exc: Exception) -> JSONResponse:
         headers = {"Retry-After": str(max(1, int(exc.retry_after_s)))}
     details = {k: v for k, v in exc.details.items() if _jsonable(v)}
     if status >= 500:
-        log.error("%s %s: %s %s", request.method, request.url.path, exc.code, exc.message)
+        log.error(
+            "%s %s: %s %s", request.method, clean(request.url.path), exc.code, clean(exc.message)
+        )
     return error_response(status, exc.code, exc.message, details, headers)
 
 
@@ -172,18 +175,25 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
-    log.warning("Redis unavailable during %s %s: %s", request.method, request.url.path, exc)
+    log.warning(
+        "Redis unavailable during %s %s: %s", request.method, clean(request.url.path), clean(exc)
+    )
     return error_response(503, "REDIS_UNAVAILABLE", "Redis is unreachable", {"dependency": "redis"})
 
 
 async def _internal(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error in %s %s", request.method, request.url.path)
+    log.exception("unhandled error in %s %s", request.method, clean(request.url.path))
     return error_response(
         500,
         "INTERNAL_ERROR",
         "internal error; the server log has the details",
         headers=_request_id_header(request),
     )
+
+
+def clean(text: object, limit: int = 200) -> str:
+    """A value safe to log: no line breaks (log injection), bounded length."""
+    return str(text).replace("\r", "\\r").replace("\n", "\\n")[:limit]
 
 
 def _jsonable(value: Any) -> bool:

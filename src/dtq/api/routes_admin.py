@@ -16,7 +16,18 @@ from dtq.api.errors import responses
 from dtq.errors import NotInDeadLetterError, TaskNotFoundError
 from dtq.models import QUEUE_RE, AuditEntry, DeadLetter, QueueStats, Task, WorkerInfo
 
-__all__ = ["router"]
+__all__ = [
+    "AuditLog",
+    "DeadLetterList",
+    "Discarded",
+    "PauseResult",
+    "Purged",
+    "QueueList",
+    "QueuePurged",
+    "WorkerList",
+    "check_dlq_id",
+    "router",
+]
 
 router = APIRouter(prefix="/api/v1", tags=["operations"])
 

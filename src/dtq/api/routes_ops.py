@@ -16,7 +16,7 @@ from dtq import keys
 from dtq.api.deps import State
 from dtq.api.errors import ApiError, ErrorBody
 
-__all__ = ["router"]
+__all__ = ["Health", "Ready", "router"]
 
 router = APIRouter(tags=["operations"])
 

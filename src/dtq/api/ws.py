@@ -36,7 +36,15 @@ from dtq import keys
 from dtq.events import TERMINAL_EVENTS
 from dtq.models import EVENT_TYPES
 
-__all__ = ["BUFFER_SIZE", "CLOSE_GRACE_S", "EventFilter", "EventHub", "Subscriber", "serve_client"]
+__all__ = [
+    "BUFFER_SIZE",
+    "CLOSE_GRACE_S",
+    "EventFilter",
+    "EventHub",
+    "HubStats",
+    "Subscriber",
+    "serve_client",
+]
 
 log = logging.getLogger("dtq.api.ws")
 
