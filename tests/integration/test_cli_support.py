@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -80,9 +81,62 @@ class Cli:
         assert run.err.strip(), "an error must say why on stderr"
         return run
 
+    def tty(
+        self,
+        *args: str,
+        typed: str | None = None,
+        tty_stdout: bool = False,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 30,
+    ) -> Run:
+        """Run with stdin on a pseudo-terminal (``typed`` is what the person types) and, with
+        ``tty_stdout``, stdout on one too (for colour)."""
+        master, slave = os.openpty()
+        try:
+            proc = subprocess.Popen(
+                [DTQ, *args],
+                stdin=slave,
+                stdout=slave if tty_stdout else subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=clean_env(self.redis_url, **(env or {})),
+            )
+            os.close(slave)
+            slave = -1
+            if typed is not None:
+                os.write(master, typed.encode())
+            out = _read_tty(master, proc, timeout) if tty_stdout else b""
+            stdout, stderr = proc.communicate(timeout=timeout)
+        finally:
+            os.close(master)
+            if slave >= 0:
+                os.close(slave)
+        text = out.decode(errors="replace").replace("\r\n", "\n")
+        if not tty_stdout:
+            text = stdout.decode()
+        return Run(proc.returncode, text, stderr.decode())
+
     def submit(self, *args: str) -> str:
         """Submit and return the new task id."""
         return str(self.ok("submit", *args, "--json").json()["task_id"])
+
+
+def _read_tty(master: int, proc: subprocess.Popen[bytes], timeout: float) -> bytes:
+    """Everything the process wrote to its terminal, until it exits and closes it."""
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the last holder of the terminal closed it
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    return b"".join(chunks)
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10, what: str = "it") -> None:
