@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     try:
         command = commands.REDIS_COMMANDS[args.cmd]
         return asyncio.run(commands.with_queue(command, args, settings, out))
-    except DtqError:
+    except (DtqError, BrokenPipeError):
         raise
     except Exception as exc:
         # A connection dropped mid-command inside redis-py (OSError or a redis.exceptions
