@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from test_cli_support import DTQ, MISSING_ID, Cli, Run, clean_env
 
-from dtq import Queue, TaskStatus
+from dtq import Queue, TaskStatus, connect_sync
 from dtq.devserver import free_port
 from dtq_cli.output import STATUS_COLOUR, human_duration, relative
 
@@ -122,8 +122,9 @@ async def test_colour_only_on_a_terminal_and_never_with_no_color(cli: Cli, queue
     assert rows[0].index("STATUS") == rows[1].index("expired") == rows[2].index("queued")
 
 
-async def test_closed_pipe_is_not_an_error(redis_url: str, queue: Queue) -> None:
-    await queue.submit_many([{"task_type": "echo_task", "payload": {"n": n}} for n in range(800)])
+def test_closed_pipe_is_not_an_error(redis_url: str) -> None:
+    with connect_sync(redis_url) as q:
+        q.submit_many([{"task_type": "echo_task", "payload": {"n": n}} for n in range(800)])
     proc = subprocess.Popen(
         [DTQ, "list", "--limit", "800"],
         stdout=subprocess.PIPE,
