@@ -215,3 +215,18 @@ async def test_client_errors_do_not_leak_as_500(api: Api) -> None:
         for path in ("/api/v1/tasks/%00", "/api/v1/workers/%0A", "/api/v1/dlq/..%2F.."):
             resp = await client.get(path)
             assert resp.status_code == 404, (path, resp.text)
+
+
+async def test_a_bug_is_500_internal_error_without_internals(api: Api) -> None:
+    async def boom() -> None:
+        raise RuntimeError("secret internals")
+
+    api.app.add_api_route("/boom", boom)
+    transport = httpx.ASGITransport(app=api.app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://dtq.test") as client:
+        resp = await client.get("/boom", headers={"X-Request-ID": "bug-1"})
+    assert resp.status_code == 500
+    err = error_of(resp)
+    assert err["code"] == "INTERNAL_ERROR"
+    assert "secret" not in resp.text
+    assert resp.headers["x-request-id"] == "bug-1"

@@ -333,3 +333,15 @@ async def test_expire_extension(api: Api, r: Redis) -> None:
     missing = await api.client.post(f"/api/v1/tasks/{'d' * 32}/expire")
     assert missing.status_code == 404
     assert error_of(missing)["code"] == "TASK_NOT_FOUND"
+
+
+async def test_replay_of_a_key_whose_task_record_expired_is_404(api: Api, r: Redis) -> None:
+    task = await api.submit(idempotency_key="gone-1")
+    assert (await api.client.post(f"/api/v1/tasks/{task['task_id']}/cancel")).status_code == 202
+    await r.delete(keys.task(task["task_id"]))  # as its retention TTL would
+    resp = await api.client.post(
+        "/api/v1/tasks", json={"task_type": "api_echo", "idempotency_key": "gone-1"}
+    )
+    assert resp.status_code == 404
+    err = error_of(resp)
+    assert err["code"] == "TASK_NOT_FOUND" and err["details"]["task_id"] == task["task_id"]
