@@ -196,7 +196,7 @@ class Heartbeat:
             "status": self._reported_status(stats),
             **{k: int(v) for k, v in stats.items()},
         }
-        ttl_ms = max(1000, round(3 * self.settings.heartbeat_interval_s * 1000))
+        ttl_ms = max(1, round(3 * self.settings.heartbeat_interval_s * 1000))
         pipe = self._redis.pipeline(transaction=False)
         pipe.hset(keys.worker(self.worker_id), mapping=fields)  # type: ignore[arg-type]
         pipe.pexpire(keys.worker(self.worker_id), ttl_ms)

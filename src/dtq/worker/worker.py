@@ -6,8 +6,8 @@ Loops, each cancellable and jittered:
   the served queues; each read takes at most ``min(free capacity, 64)`` entries and a stream is
   read only while capacity is left, so prefetch never exceeds free capacity. Paused queues are
   skipped (their flag is re-read at least twice a second). With nothing to read, one
-  ``XREAD BLOCK 500`` on every served stream (from ``$``: it consumes nothing) wakes the worker
-  as soon as any priority gets an entry.
+  ``XREAD BLOCK 500`` on every served stream (from the group's last-delivered ids: it consumes
+  nothing) wakes the worker as soon as any priority gets an entry.
 - **reaper**: ``XAUTOCLAIM`` p9 -> p0 with min-idle = visibility timeout, following the cursor
   to ``0-0``, never claiming more than free capacity. Entries whose fields are gone (Redis 6.2
   replies nil) are found in this consumer's pending list, acknowledged and logged; ids that
@@ -347,6 +347,14 @@ class Worker:
         return [keys.stream(q, p) for p in keys.PRIORITIES for q in served]
 
     async def _poll_loop(self) -> None:
+        """Read, start, repeat; block when there is nothing to read.
+
+        Race-free wake-up: before the read that may end in a block, the group's last-delivered
+        id of each stream is sampled; the block (XREAD from those ids, consuming nothing) returns
+        at once for any entry added after the sample, so an entry that lands on a stream just
+        after the scan passed it still wakes the worker.
+        """
+        idle = False
         while not self._stopping.is_set():
             streams = await self._active_streams()
             if not streams:
@@ -356,15 +364,35 @@ class Worker:
             if n == 0:
                 return
             try:
+                since = await self._last_delivered(streams) if idle else None
                 entries = await self._read(streams, n)
             except BaseException:
                 self._release(n)
                 raise
             self._release(n - len(entries))
             if entries:
+                idle = False
                 await asyncio.shield(self._start(entries))  # read entries are always started
+            elif since is None:
+                idle = True  # sample, read once more, then block
             else:
-                await self._wait_for_entries(streams)
+                await self.redis.xread(
+                    {s: since.get(s, "$") for s in streams}, count=1, block=BLOCK_MS
+                )
+
+    async def _last_delivered(self, streams: Sequence[str]) -> dict[str, str]:
+        """The consumer group's last-delivered id of each stream (one pipeline)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xinfo_groups(stream)
+        out: dict[str, str] = {}
+        for stream, groups in zip(streams, await pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(groups, Exception):
+                continue  # no stream yet: "$" (its first entry creates it)
+            for g in groups:
+                if g.get("name") == keys.CONSUMER_GROUP:
+                    out[stream] = str(g["last-delivered-id"])
+        return out
 
     async def _read(self, streams: Sequence[str], capacity: int) -> list[Entry]:
         """Strict priority: each stream in order, only while capacity is left."""
@@ -387,10 +415,6 @@ class Worker:
             if bad:
                 await self._drop_unusable(bad)
         return got
-
-    async def _wait_for_entries(self, streams: Sequence[str]) -> None:
-        """Block until any served stream gets a new entry (or BLOCK_MS pass)."""
-        await self.redis.xread({s: "$" for s in streams}, count=1, block=BLOCK_MS)
 
     async def _drop_unusable(self, bad: Sequence[tuple[str, str]]) -> None:
         """Entries without a task id cannot belong to any task: ACK + XDEL, and say so."""

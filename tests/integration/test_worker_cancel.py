@@ -1,0 +1,127 @@
+"""Cancellation (issue 3, item 4): a queued task never runs; a running one is CANCELLED within
+a second of the request (an async handler is cancelled; a thread handler runs on, its result is
+discarded and its slot stays taken until it returns)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from test_worker_support import Events, fast, handlers, running_worker, wait_status, wait_until
+
+from dtq import Queue, keys
+from dtq.config import Settings
+from dtq.errors import TaskRunningError
+from dtq_tasks import TaskContext
+
+
+async def test_running_async_task_is_cancelled_within_one_second(
+    settings: Settings, r: Redis, queue: Queue, redis_url: str
+) -> None:
+    started = asyncio.Event()
+    outcome: list[str] = []
+
+    async def forever(payload: dict[str, Any], ctx: TaskContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+
+    task = await queue.submit("wt_forever", {}, idempotency_key="k-c")
+    async with (
+        Events(redis_url) as events,
+        running_worker(fast(settings), handlers(wt_forever=forever)),
+    ):
+        await asyncio.wait_for(started.wait(), 5)
+        asked = time.monotonic()
+        with pytest.raises(TaskRunningError):
+            await queue.cancel(task.task_id)
+        h = await wait_status(r, task.task_id, "cancelled", timeout_s=1.0)
+        assert time.monotonic() - asked < 1.0
+        await wait_until(lambda: _has(events, task.task_id), 2, "TASK_CANCELLED")
+    assert outcome == ["cancelled"]
+    assert h["finished_at"] and h["cancel_requested"] == "1"
+    assert await r.xlen(keys.stream("default", 5)) == 0
+    assert await r.get(keys.idempotency("default", "k-c")) is not None
+    history = await queue.history(task.task_id)
+    assert (history[-1].from_status, history[-1].to_status) == ("running", "cancelled")
+
+
+async def _has(events: Events, task_id: str) -> bool:
+    return bool(events.of("TASK_CANCELLED", task_id))
+
+
+async def test_running_thread_task_cancelled_result_discarded_slot_kept(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    release = threading.Event()
+    entered = threading.Event()
+    order: list[str] = []
+
+    def blocking(payload: dict[str, Any], ctx: TaskContext) -> str:
+        order.append(f"start:{payload['n']}")
+        entered.set()
+        release.wait(10)
+        order.append(f"end:{payload['n']}")
+        return "late result"
+
+    first = await queue.submit("wt_block", {"n": 1})
+    async with running_worker(fast(settings), handlers(wt_block=blocking), concurrency=1):
+        await asyncio.to_thread(entered.wait, 5)
+        second = await queue.submit("wt_block", {"n": 2})
+        asked = time.monotonic()
+        with pytest.raises(TaskRunningError):
+            await queue.cancel(first.task_id)
+        await wait_status(r, first.task_id, "cancelled", timeout_s=1.0)
+        assert time.monotonic() - asked < 1.0
+        # The thread still runs and holds the only slot: the second task waits.
+        assert (await queue.get(second.task_id)).status == "queued"
+        assert order == ["start:1"]
+        release.set()
+        await wait_status(r, second.task_id, "succeeded")
+    done = await queue.get(first.task_id)
+    assert done.status == "cancelled" and done.result is None
+    assert order[:2] == ["start:1", "end:1"]
+
+
+async def test_queued_task_cancelled_never_runs(settings: Settings, r: Redis, queue: Queue) -> None:
+    ran: list[str] = []
+
+    async def record(payload: dict[str, Any], ctx: TaskContext) -> None:
+        ran.append(ctx.task_id)
+
+    cancelled = await queue.submit("wt_rec", {})
+    await queue.cancel(cancelled.task_id)
+    kept = await queue.submit("wt_rec", {})
+    async with running_worker(fast(settings), handlers(wt_rec=record)):
+        await wait_status(r, kept.task_id, "succeeded")
+    assert ran == [kept.task_id]
+    assert (await queue.get(cancelled.task_id)).status == "cancelled"
+
+
+async def test_failure_after_cancel_request_is_cancelled_not_retried(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    """A handler that swallows the cancellation and fails: the request still stands."""
+    started = asyncio.Event()
+
+    async def stubborn(payload: dict[str, Any], ctx: TaskContext) -> None:
+        started.set()
+        with contextlib.suppress(asyncio.CancelledError):  # swallowed, against the rules
+            await asyncio.sleep(60)
+        raise TimeoutError("gave up")
+
+    task = await queue.submit("wt_stubborn", {}, max_attempts=3)
+    async with running_worker(fast(settings), handlers(wt_stubborn=stubborn)):
+        await asyncio.wait_for(started.wait(), 5)
+        with pytest.raises(TaskRunningError):
+            await queue.cancel(task.task_id)
+        await wait_status(r, task.task_id, "cancelled", timeout_s=2.0)
+    assert await r.zscore(keys.RETRY_SCHEDULE, task.task_id) is None

@@ -1,0 +1,122 @@
+"""The poll loop (contract section 6): strict priority p9 -> p0 across queues, prefetch bounded
+by free capacity, paused queues skipped, an idle worker woken by a new entry of any priority,
+and start scripts batched per read."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from redis.asyncio import Redis
+from test_worker_support import fast, handlers, running_worker, wait_status, wait_until
+
+from dtq import Queue, keys
+from dtq.config import Settings
+from dtq_tasks import TaskContext
+
+
+async def test_concurrency_one_runs_every_p9_before_any_p0(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    order: list[int] = []
+
+    async def record(payload: dict[str, Any], ctx: TaskContext) -> None:
+        order.append(payload["p"])
+
+    await queue.submit_many([{"task_type": "wt_rec", "payload": {"p": 0}, "priority": 0}] * 100)
+    await queue.submit_many([{"task_type": "wt_rec", "payload": {"p": 9}, "priority": 9}] * 10)
+    async with running_worker(fast(settings), handlers(wt_rec=record), concurrency=1):
+        await wait_until(_len_is(order, 110), 30, "110 tasks run")
+    assert order[:10] == [9] * 10
+    assert order[10:] == [0] * 100
+
+
+def _len_is(items: list[Any], n: int) -> Any:
+    async def check() -> bool:
+        return len(items) >= n
+
+    return check
+
+
+async def test_priority_is_strict_across_queues(settings: Settings, r: Redis, queue: Queue) -> None:
+    order: list[str] = []
+
+    async def record(payload: dict[str, Any], ctx: TaskContext) -> None:
+        order.append(f"{ctx.queue}:{payload['p']}")
+
+    for q, p in (("alpha", 1), ("beta", 8), ("alpha", 8), ("beta", 1), ("alpha", 5)):
+        await queue.submit("wt_rec", {"p": p}, queue=q, priority=p)
+    async with running_worker(
+        fast(settings), handlers(wt_rec=record), queues=("alpha", "beta"), concurrency=1
+    ):
+        await wait_until(_len_is(order, 5), 10, "5 tasks run")
+    assert [o.split(":")[1] for o in order] == ["8", "8", "5", "1", "1"]
+
+
+async def test_prefetch_never_exceeds_free_capacity(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    release = asyncio.Event()
+
+    async def hold(payload: dict[str, Any], ctx: TaskContext) -> None:
+        await release.wait()
+
+    await queue.submit_many([{"task_type": "wt_hold", "payload": {}}] * 20)
+    stream = keys.stream("default", 5)
+    samples: list[int] = []
+    async with running_worker(fast(settings), handlers(wt_hold=hold), concurrency=3):
+
+        async def three_running() -> bool:
+            info = await r.xpending(stream, keys.CONSUMER_GROUP)
+            samples.append(int(info["pending"]))
+            return samples[-1] == 3
+
+        await wait_until(three_running, 5, "3 delivered")
+        for _ in range(20):  # it stays at the capacity while all slots are busy
+            info = await r.xpending(stream, keys.CONSUMER_GROUP)
+            samples.append(int(info["pending"]))
+            await asyncio.sleep(0.01)
+        release.set()
+        await wait_until(lambda: _stream_empty(r, stream), 10, "all done")
+    assert max(samples) == 3
+
+
+async def _stream_empty(r: Redis, stream: str) -> bool:
+    return await r.xlen(stream) == 0
+
+
+async def test_idle_worker_starts_new_task_of_any_priority_within_block(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    async def noop(payload: dict[str, Any], ctx: TaskContext) -> None:
+        return None
+
+    async with running_worker(fast(settings), handlers(wt_noop=noop), queues=("q1", "q2")):
+        for q, p in (("q2", 0), ("q1", 9), ("q2", 4)):
+            t0 = time.monotonic()
+            task = await queue.submit("wt_noop", {}, queue=q, priority=p)
+            await wait_status(r, task.task_id, "succeeded", timeout_s=2)
+            assert time.monotonic() - t0 < 0.5, (q, p)
+
+
+async def test_paused_queue_is_skipped_and_resumed(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    async def noop(payload: dict[str, Any], ctx: TaskContext) -> None:
+        return None
+
+    async with running_worker(fast(settings), handlers(wt_noop=noop), queues=("paused", "open")):
+        paused_at = await queue.now()
+        await r.set(keys.queue_paused("paused"), "1")
+
+        async def one_second_later() -> bool:  # paused queues are skipped within a second
+            return (await queue.now() - paused_at).total_seconds() >= 1.0
+
+        await wait_until(one_second_later, 3, "a second passed")
+        held = await queue.submit("wt_noop", {}, queue="paused", priority=9)
+        served = await queue.submit("wt_noop", {}, queue="open", priority=0)
+        await wait_status(r, served.task_id, "succeeded", timeout_s=2)
+        assert (await queue.get(held.task_id)).status == "queued"
+        await r.delete(keys.queue_paused("paused"))
+        await wait_status(r, held.task_id, "succeeded", timeout_s=2)
