@@ -112,7 +112,10 @@ def start_redis(
         "--maxmemory-policy", "noeviction",
         "--daemonize", "no",
     ]  # fmt: skip
-    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # noqa: S603
+    # Own session: a terminal's Ctrl-C must not reach it; its owner stops it by PID, last.
+    proc = subprocess.Popen(  # noqa: S603
+        args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+    )
     server = RedisServer(proc, port, data_dir, log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

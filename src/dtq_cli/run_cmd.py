@@ -31,7 +31,6 @@ from dtq_cli.output import Output
 __all__ = ["DevStack", "api", "dev", "worker_run"]
 
 DEV_DATA_DIR = Path(".dtq") / "redis"
-DEMO_TASKS = "examples.tasks"
 API_START_TIMEOUT_S = 30.0
 API_STOP_TIMEOUT_S = 15.0
 POLL_S = 0.1
@@ -91,13 +90,16 @@ class DevStack:
                     f"dtq dev: DTQ_REDIS_URL ({self.redis_url}) does not answer; "
                     "starting a private Redis instead"
                 )
-            self.redis = devserver.start_redis(DEV_DATA_DIR, persistent=True)
+            # Absolute: redis-server changes into --dir before it opens its log file.
+            self.redis = devserver.start_redis(DEV_DATA_DIR.resolve(), persistent=True)
             self.redis_url = self.redis.url
         env = {**os.environ, "DTQ_REDIS_URL": self.redis_url}
         self.children["api"] = self._spawn(
             ["api", "--host", self.host, "--port", str(self.port)], env
         )
-        self.children["worker"] = self._spawn(["worker", "run", "--tasks", DEMO_TASKS], env)
+        # Task modules from DTQ_TASK_MODULES (default: the demo tasks, examples.tasks), the
+        # same ones the API loads to validate task types.
+        self.children["worker"] = self._spawn(["worker", "run"], env)
         self._wait_api()
 
     def _check_port(self) -> None:
