@@ -45,14 +45,6 @@ def exit_code(error: DtqError) -> int:
     return EXIT_REFUSED
 
 
-def safe_url(url: str) -> str:
-    """The URL without its password, fit to print."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
-
-
 def run(args: argparse.Namespace, out: Output) -> int:
     """Run the parsed command; raises dtq errors for :func:`main` to map to exit codes.
 
@@ -63,6 +55,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from dtq.config import load_settings
     from dtq.errors import DtqError, RedisUnavailableError
     from dtq_cli import commands
+    from dtq_cli.output import safe_url
 
     settings = load_settings()
     if args.cmd in commands.PROCESS_COMMANDS:

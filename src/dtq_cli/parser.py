@@ -358,9 +358,11 @@ def _process_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser])
         "demo tasks",
         "  dtq dev\n  dtq dev --port 8080",
         """\
-        Uses DTQ_REDIS_URL instead when it is set and answers. Prints one line with the URLs
-        (API, docs, metrics, WebSocket); Ctrl-C stops the worker (it drains), then the API,
-        then Redis.
+        Uses the Redis at DTQ_REDIS_URL (default redis://localhost:6379/0) when it answers;
+        else starts a private one, on that URL's port when it is free, so dtq commands in
+        another terminal reach it with the same settings. Handlers come from DTQ_TASK_MODULES
+        (default examples.tasks). Prints one line with the URLs (API, docs, metrics,
+        WebSocket, Redis); Ctrl-C stops the worker (it drains), then the API, then Redis.
         """,
     )
     p.set_defaults(cmd="dev")

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from types import FrameType
@@ -26,7 +27,7 @@ from types import FrameType
 from dtq import devserver
 from dtq.config import Settings
 from dtq.errors import DtqError
-from dtq_cli.output import Output
+from dtq_cli.output import Output, safe_url
 
 __all__ = ["DevStack", "api", "dev", "worker_run"]
 
@@ -80,19 +81,8 @@ class DevStack:
     # -- start ----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._check_port()
-        given = "redis_url" in self.settings.model_fields_set
-        if given and devserver.url_answers(self.settings.redis_url):
-            self.out.note(f"dtq dev: using the Redis at DTQ_REDIS_URL ({self.redis_url})")
-        else:
-            if given:
-                self.out.note(
-                    f"dtq dev: DTQ_REDIS_URL ({self.redis_url}) does not answer; "
-                    "starting a private Redis instead"
-                )
-            # Absolute: redis-server changes into --dir before it opens its log file.
-            self.redis = devserver.start_redis(DEV_DATA_DIR.resolve(), persistent=True)
-            self.redis_url = self.redis.url
+        self._check_port(self.host, self.port, "the API", "--port")
+        self._start_redis()
         env = {**os.environ, "DTQ_REDIS_URL": self.redis_url}
         self.children["api"] = self._spawn(
             ["api", "--host", self.host, "--port", str(self.port)], env
@@ -102,15 +92,37 @@ class DevStack:
         self.children["worker"] = self._spawn(["worker", "run"], env)
         self._wait_api()
 
-    def _check_port(self) -> None:
-        with socket.socket() as s:
-            try:
-                s.bind((self.host, self.port))
-            except OSError as exc:
-                raise DtqError(
-                    f"cannot serve the API on {self.host}:{self.port}: {exc.strerror}; "
-                    "choose another port with --port"
-                ) from None
+    def _start_redis(self) -> None:
+        """The Redis at DTQ_REDIS_URL (or its default) if it answers; else a private one, on
+        that URL's port when it is a free local port, so ``dtq`` commands in another terminal
+        reach it with the same settings."""
+        url = self.settings.redis_url
+        if devserver.url_answers(url):
+            self.out.note(f"dtq dev: using the Redis that answers at {safe_url(url)}")
+            return
+        port = _local_port(url)
+        if port is not None and not _port_free(port):
+            port = None
+        # Absolute: redis-server changes into --dir before it opens its log file.
+        self.redis = devserver.start_redis(DEV_DATA_DIR.resolve(), port=port, persistent=True)
+        self.redis_url = url if port is not None else self.redis.url
+        self.out.note(
+            f"dtq dev: no Redis answers at {safe_url(url)}; started a private one at "
+            f"{self.redis_url} (data in {DEV_DATA_DIR})"
+        )
+        if port is None:
+            self.out.note(
+                f"dtq dev: for dtq commands in another terminal: "
+                f"export DTQ_REDIS_URL={self.redis_url}"
+            )
+
+    @staticmethod
+    def _check_port(host: str, port: int, what: str, flag: str) -> None:
+        if not _port_free(port, host):
+            raise DtqError(
+                f"cannot serve {what} on {host}:{port}: the port is in use; "
+                f"choose another with {flag}"
+            )
 
     @staticmethod
     def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -177,6 +189,28 @@ class DevStack:
             self.redis.stop()
             stopped.append("redis")
         return stopped
+
+
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _local_port(url: str) -> int | None:
+    """The port of a ``redis://`` URL on this machine without credentials, else None."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "redis" or parts.username or parts.password:
+        return None
+    if parts.hostname not in ("localhost", "127.0.0.1"):
+        return None
+    try:
+        return parts.port or 6379
+    except ValueError:
+        return None
 
 
 def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:

@@ -180,15 +180,15 @@ def test_dev_runs_the_stack_and_ctrl_c_stops_it(
             redis_in_line = re.search(r"redis (redis://\S+)", line)
             assert redis_in_line is not None
             children = _children(dev.pid)
+            assert redis_in_line.group(1) == url  # a private one takes the URL's free port
             if redis_given:
-                assert redis_in_line.group(1) == redis_url
                 assert len(children) == 2  # API and worker
                 assert not (tmp_path / ".dtq").exists()
             else:
-                assert redis_in_line.group(1) != url
                 assert len(children) == 3  # Redis, API and worker
-                assert (tmp_path / ".dtq" / "redis").is_dir()
-                assert "does not answer" in err_path.read_text()
+                assert (tmp_path / ".dtq" / "redis" / "redis.log").exists()
+                assert f"no Redis answers at {url}; started a private one" in err_path.read_text()
+                assert Cli(url).ok("list", "--json").json()["count"] == 0  # same settings
 
             resp = httpx.post(
                 base + "/api/v1/tasks", json={"task_type": "echo_task", "payload": {"hi": 1}}
@@ -222,6 +222,6 @@ def test_dev_refuses_a_port_in_use(redis_url: str, tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        run = Cli(redis_url).fails(1, "dev", "--port", str(port))
-    assert f"cannot serve the API on 127.0.0.1:{port}" in run.err
+        run = Cli(redis_url).fails(1, "dev", "--port", str(port), cwd=tmp_path)
+    assert f"cannot serve the API on 127.0.0.1:{port}: the port is in use" in run.err
     assert not (tmp_path / ".dtq").exists()

@@ -56,6 +56,7 @@ class Cli:
         stdin: str | None = None,
         env: Mapping[str, str] | None = None,
         timeout: float = 30,
+        cwd: Path | None = None,
     ) -> Run:
         proc = subprocess.run(
             [DTQ, *args],
@@ -64,6 +65,7 @@ class Cli:
             text=True,
             env=clean_env(self.redis_url, **(env or {})),
             timeout=timeout,
+            cwd=cwd,
         )
         return Run(proc.returncode, proc.stdout, proc.stderr)
 
