@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import builtins
 import json
-import uuid
+import os
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -40,7 +40,12 @@ def ms_to_dt(ms: int | float | str) -> datetime:
 
 
 def new_id() -> str:
-    return uuid.uuid4().hex
+    """A random UUID4 as 32 hex digits (what ``uuid.uuid4().hex`` gives, in a third of the time:
+    a submit makes two)."""
+    b = bytearray(os.urandom(16))
+    b[6] = (b[6] & 0x0F) | 0x40  # version 4
+    b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return b.hex()
 
 
 @dataclass
@@ -51,14 +56,20 @@ class Store:
     scripts: Scripts
     settings: Settings
     known_types: Collection[str] | None = None
+    # The ten stream keys of each queue submitted to (a submit passes all ten in KEYS).
+    _streams: dict[str, builtins.list[str]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     # -- submit ---------------------------------------------------------------------------------
 
     def submit_call(self, req: SubmitRequest, task_id: str) -> Call:
-        s = self.settings
         ttl_ms = req.effective_ttl_ms()
         exp_ms = req.expires_at_ms()
         sched_ms = req.schedule_at_ms()
+        streams = self._streams.get(req.queue)
+        if streams is None:
+            streams = self._streams[req.queue] = keys.queue_streams(req.queue)
         return (
             "submit",
             [
@@ -69,7 +80,7 @@ class Store:
                 keys.RECENT,
                 keys.EXPIRY,
                 keys.QUEUES,
-                *keys.queue_streams(req.queue),
+                *streams,
             ],
             [
                 task_id,
@@ -79,15 +90,15 @@ class Store:
                 req.idempotency_key or "",
                 req.max_attempts,
                 req.priority,
-                req.timeout_ms or s.task_timeout_ms,
+                req.timeout_ms or self.settings.task_timeout_ms,
                 req.metadata_json,
                 round(req.delay_seconds * 1000),
                 "" if sched_ms is None else sched_ms,
                 "" if ttl_ms is None else ttl_ms,
                 "" if exp_ms is None else exp_ms,
-                s.max_queue_depth,
-                s.task_retention_s,
-                s.idem_ttl_s,
+                self.settings.max_queue_depth,
+                self.settings.task_retention_s,
+                self.settings.idem_ttl_s,
                 keys.EVENTS,
                 new_id(),
                 RECENT_CAP,
@@ -221,37 +232,63 @@ def _new_task(
 ) -> Task:
     _, status, entry_id, now_ms, due_ms, exp_ms = reply
     created = ms_to_dt(now_ms)
-    return Task.model_construct(
-        task_id=task_id,
-        idempotency_key=req.idempotency_key,
-        task_type=req.task_type,
-        payload=req.payload,
-        created_at=created,
-        available_at=ms_to_dt(due_ms),
-        updated_at=created,
-        attempt=0,
-        max_attempts=req.max_attempts,
-        priority=req.priority,
-        timeout_ms=req.timeout_ms or settings.task_timeout_ms,
-        status=TaskStatus(status),
-        queue=req.queue,
-        metadata=json.loads(req.metadata_json),
-        expires_at=ms_to_dt(exp_ms) if exp_ms not in ("", None) else None,
-        expired_at=created if status == TaskStatus.EXPIRED else None,
-        entry_id=entry_id or None,
-        cancel_requested=False,
-        started_at=None,
-        finished_at=None,
-        duration_ms=None,
-        worker_id=None,
-        error_class=None,
-        error_message=None,
-        retryable=None,
-        retry_delay_ms=None,
-        result=None,
-        result_truncated=False,
-        duplicate=False,
+    # A copy of the template with the fields a submit decides: half the cost of
+    # model_construct over all 29 fields, and the same model (every field set).
+    return _NEW_TASK.model_copy(
+        update={
+            "task_id": task_id,
+            "idempotency_key": req.idempotency_key,
+            "task_type": req.task_type,
+            "payload": req.payload,
+            "created_at": created,
+            "available_at": created if due_ms == now_ms else ms_to_dt(due_ms),
+            "updated_at": created,
+            "max_attempts": req.max_attempts,
+            "priority": req.priority,
+            "timeout_ms": req.timeout_ms or settings.task_timeout_ms,
+            "status": TaskStatus(status),
+            "queue": req.queue,
+            "metadata": {} if req.metadata_json == "{}" else json.loads(req.metadata_json),
+            "expires_at": ms_to_dt(exp_ms) if exp_ms not in ("", None) else None,
+            "expired_at": created if status == TaskStatus.EXPIRED else None,
+            "entry_id": entry_id or None,
+        }
     )
+
+
+_EPOCH = datetime.fromtimestamp(0, tz=UTC)
+_NEW_TASK = Task.model_construct(
+    task_id="",
+    idempotency_key=None,
+    task_type="",
+    payload={},
+    created_at=_EPOCH,
+    available_at=_EPOCH,
+    updated_at=_EPOCH,
+    attempt=0,
+    max_attempts=1,
+    priority=0,
+    timeout_ms=1,
+    status=TaskStatus.QUEUED,
+    queue="",
+    metadata={},
+    expires_at=None,
+    expired_at=None,
+    entry_id=None,
+    cancel_requested=False,
+    started_at=None,
+    finished_at=None,
+    duration_ms=None,
+    worker_id=None,
+    error_class=None,
+    error_message=None,
+    retryable=None,
+    retry_delay_ms=None,
+    result=None,
+    result_truncated=False,
+    duplicate=False,
+)
+"""A task just submitted, before the fields of its submission (see :func:`_new_task`)."""
 
 
 def _submit_error(req: SubmitRequest, reply: builtins.list[Any]) -> DtqError:
