@@ -7,6 +7,7 @@ operations (cancel, expire, dead letters, pause, purge) are in :mod:`dtq.admin`.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import json
 import os
@@ -60,6 +61,15 @@ class Store:
     _streams: dict[str, builtins.list[str]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    # submit() calls waiting for the next batch, the batches being sent, and how many
+    # submit pipelines are in flight.
+    _pending: builtins.list[tuple[SubmitRequest, asyncio.Future[Task | DtqError]]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+    _flushing: set[asyncio.Task[None]] = field(
+        default_factory=set, init=False, repr=False, compare=False
+    )
+    _in_flight: int = field(default=0, init=False, repr=False, compare=False)
 
     # -- submit ---------------------------------------------------------------------------------
 
@@ -106,10 +116,49 @@ class Store:
         )
 
     async def submit(self, req: SubmitRequest) -> Task:
-        result = (await self.submit_many([req]))[0]
+        """One task. With no submit in flight it is sent at once; calls made while others are
+        in flight wait for the next pipeline, which they share (DESIGN 3: the hot path is
+        batched). Each is still its own atomic script call, and a call cancelled before its
+        batch is sent is not sent."""
+        if not self._in_flight:
+            self._in_flight += 1
+            try:
+                result = (await self.submit_many([req]))[0]
+            finally:
+                self._in_flight -= 1
+        else:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[Task | DtqError] = loop.create_future()
+            self._pending.append((req, fut))
+            if len(self._pending) == 1:
+                flush = loop.create_task(self._flush_submits())
+                self._flushing.add(flush)
+                flush.add_done_callback(self._flushing.discard)
+            result = await fut
         if isinstance(result, Exception):
             raise result
         return result
+
+    async def _flush_submits(self) -> None:
+        batch, self._pending = self._pending, []
+        batch = [(req, fut) for req, fut in batch if not fut.cancelled()]
+        if not batch:
+            return
+        self._in_flight += 1
+        try:
+            results = await self.submit_many([req for req, _ in batch])
+        except BaseException as exc:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        finally:
+            self._in_flight -= 1
+        for (_, fut), result in zip(batch, results, strict=True):
+            if not fut.done():
+                fut.set_result(result)
 
     async def submit_many(self, reqs: Sequence[SubmitRequest]) -> list[Task | DtqError]:
         """All submits in one pipeline; each item is the task or the error for that item."""
