@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import socket
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -236,16 +237,28 @@ def event(etype: str, task_id: str, pad: int = 1000) -> str:
     )
 
 
-def publish(r: sync_redis.Redis, hub: EventHub, events: list[str], batch: int = 200) -> None:
-    """Publish with flow control, so Redis never holds much for the hub's subscription."""
-    for i in range(0, len(events), batch):
-        chunk = events[i : i + batch]
+def publish(
+    r: sync_redis.Redis,
+    hub: EventHub,
+    events: Iterable[str],
+    batch: int = 200,
+    stop: Callable[[], bool] = lambda: False,
+) -> int:
+    """Publish with flow control (Redis never holds much for the hub's subscription), built
+    lazily so the test itself holds one batch at a time; returns how many were published."""
+    sent = 0
+    it = iter(events)
+    while chunk := list(itertools.islice(it, batch)):
         target = hub.stats.events + len(chunk)
         pipe = r.pipeline(transaction=False)
         for raw in chunk:
             pipe.publish(keys.EVENTS, raw)
         pipe.execute()
+        sent += len(chunk)
         wait_for(lambda t=target: hub.stats.events >= t)
+        if stop():
+            break
+    return sent
 
 
 def test_slow_client_keeps_terminal_events_then_is_closed(server: Server, redis_url: str) -> None:
@@ -254,23 +267,26 @@ def test_slow_client_keeps_terminal_events_then_is_closed(server: Server, redis_
     r = sync_redis.Redis.from_url(redis_url)
     try:
         assert hub.stats.clients == 1
-        # Phase 1: the client reads nothing while 12,000 non-terminal events of ~1 KB and then
-        # 200 terminal ones arrive: ~13 MB it cannot take.
-        flood = [event("TASK_STARTED", f"n-{i}") for i in range(12_000)]
-        finals = [event("TASK_SUCCEEDED", f"t-{i}") for i in range(200)]
+        (sub,) = hub.subscribers
+        # Phase 1: the client reads nothing while non-terminal events of ~1 KB arrive, until
+        # well over its buffer and what the sockets hold have been dropped (about 12 MB here),
+        # then 200 terminal ones.
         tracemalloc.start()
         try:
             base = tracemalloc.get_traced_memory()[0]
-            publish(r, hub, flood)
-            publish(r, hub, finals)
+            flood = publish(
+                r,
+                hub,
+                (event("TASK_STARTED", f"n-{i}") for i in range(100_000)),
+                stop=lambda: sub.dropped >= 8_000,
+            )
+            publish(r, hub, (event("TASK_SUCCEEDED", f"t-{i}") for i in range(200)))
             peak = tracemalloc.get_traced_memory()[1] - base
         finally:
             tracemalloc.stop()
-        del flood
-        (sub,) = hub.subscribers
         assert len(sub.buffer) == BUFFER_SIZE and hub.stats.max_buffered == BUFFER_SIZE
         dropped = sub.dropped
-        assert dropped > 5_000, "most of the flood was dropped, not held"
+        assert dropped >= 8_000, "most of the flood was dropped, not held"
         assert peak < 6 * MB, f"server memory grew by {peak} bytes for a client that stopped"
 
         # It reads again: every terminal event is there, in order; most others were dropped.
@@ -278,16 +294,19 @@ def test_slow_client_keeps_terminal_events_then_is_closed(server: Server, redis_
         terminal = [tid for etype, tid in got if etype == "TASK_SUCCEEDED"]
         assert terminal == [f"t-{i}" for i in range(200)]
         # Each non-terminal event was either delivered or dropped (counted), none held back.
-        assert sum(1 for etype, _ in got if etype == "TASK_STARTED") + dropped == 12_000
+        assert sum(1 for etype, _ in got if etype == "TASK_STARTED") + dropped == flood
         assert client.proto.close_rcvd is None, "still connected"
 
         # Phase 2: it stops again while terminal events keep coming: past the cap it is
         # disconnected, after it gets the terminal events its buffer holds.
-        fails = [event("TASK_FAILED", f"f-{i}") for i in range(10_000)]
-        for i in range(0, len(fails), 100):
-            publish(r, hub, fails[i : i + 100], batch=100)
-            if hub.stats.disconnected_slow:
-                break
+        total = 100_000
+        publish(
+            r,
+            hub,
+            (event("TASK_FAILED", f"f-{i}") for i in range(total)),
+            batch=100,
+            stop=lambda: hub.stats.disconnected_slow > 0,
+        )
         assert hub.stats.disconnected_slow == 1
         got = client.read_until(lambda evs: False)
         assert client.proto.close_rcvd is not None, "closed with a close frame"
@@ -296,7 +315,7 @@ def test_slow_client_keeps_terminal_events_then_is_closed(server: Server, redis_
         ids = [tid for etype, tid in got]
         assert all(etype == "TASK_FAILED" for etype, _ in got)
         assert ids == [f"f-{i}" for i in range(len(ids))], "a gap-free prefix, in order"
-        assert BUFFER_SIZE <= len(ids) < len(fails)
+        assert BUFFER_SIZE <= len(ids) < total
         wait_for(lambda: hub.stats.clients == 0)
         # Events after the disconnect are not buffered anywhere for it.
         publish(r, hub, [event("TASK_FAILED", "after")])
