@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -32,6 +33,9 @@ from dtq.api.limits import BodyLimitMiddleware, RequestIdMiddleware, max_body_by
 from dtq.api.ws import EventHub, serve_client
 from dtq.config import Settings, load_settings
 from dtq.errors import ConfigError
+from dtq.log import configure_logging
+from dtq.metrics import Metrics, count_commands
+from dtq.scripts import Scripts
 
 __all__ = ["DtqApp", "create_app", "load_task_types", "serve"]
 
@@ -94,7 +98,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the dtq HTTP API; ``settings`` default to the environment (DTQ_*)."""
     settings = settings or load_settings()
     known_types, payload_models = load_task_types(settings)
-    state = ApiState(settings, known_types, payload_models)
+    metrics = Metrics(known_types=known_types)
+    metrics.add_redis_gauges(settings)
+    state = ApiState(settings, known_types, payload_models, metrics=metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -127,7 +133,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.add_api_websocket_route(settings.ws_path, events, name="events")
     # Added last = outermost: the request id is set before the body limit can refuse.
-    app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes(settings.max_payload_bytes))
+    app.add_middleware(
+        BodyLimitMiddleware,
+        limit=max_body_bytes(settings.max_payload_bytes),
+        on_refuse=lambda path: _body_refused(metrics, path),
+    )
     app.add_middleware(RequestIdMiddleware)
     return app
 
@@ -141,7 +151,18 @@ async def _start(state: ApiState) -> None:
         )
     if state.known_types is None:
         log.warning("DTQ_TASK_MODULES is empty: any well-formed task_type is accepted")
-    queue = await client.connect(settings=s, known_types=state.known_types)
+    if not any(importlib.util.find_spec(m) for m in ("websockets", "wsproto")):
+        log.warning(
+            "neither 'websockets' nor 'wsproto' is installed: uvicorn cannot serve the "
+            "WebSocket events at %s (pip install websockets)",
+            s.ws_path,
+        )
+    queue = await client.connect(
+        settings=s,
+        known_types=state.known_types,
+        scripts=Scripts(on_call=state.metrics.script_call),
+    )
+    count_commands(queue.redis, state.metrics.redis_op)
     try:
         await queue.store.ensure_groups(DEFAULT_QUEUE)
         await _warn_durability(queue)
@@ -152,6 +173,11 @@ async def _start(state: ApiState) -> None:
         raise
     state.queue, state.hub = queue, hub
     log.info("dtq API ready (Redis %s, events on %s)", _safe_url(s.redis_url), s.ws_path)
+
+
+def _body_refused(metrics: Metrics, path: str) -> None:
+    if path == "/api/v1/tasks":  # a submission refused before its body was read
+        metrics.ingest_rejected(None, "PAYLOAD_TOO_LARGE")
 
 
 def _safe_url(url: str) -> str:
@@ -186,11 +212,14 @@ async def _warn_durability(queue: client.Queue) -> None:
 
 
 def serve(settings: Settings, host: str | None = None, port: int | None = None) -> None:
-    """Run the API with uvicorn until interrupted (blocking)."""
+    """Run the API with uvicorn until interrupted (blocking). Logging is dtq's (DTQ_LOG_JSON,
+    DTQ_LOG_LEVEL); uvicorn's own loggers go through it."""
+    configure_logging(settings, "api")
     uvicorn.run(
         create_app(settings),
         host=host or settings.api_host,
         port=port or settings.api_port,
         log_level=settings.log_level.lower(),
+        log_config=None,
         timeout_graceful_shutdown=5,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -19,6 +19,7 @@ from dtq.api.ws import EventHub
 from dtq.client import Queue
 from dtq.config import Settings
 from dtq.errors import TaskNotFoundError, WorkerNotFoundError
+from dtq.metrics import Metrics
 from dtq.store import Store
 
 __all__ = ["ApiState", "State", "check_task_id", "check_worker_id", "get_state"]
@@ -36,6 +37,7 @@ class ApiState:
     payload_models: Mapping[str, type[BaseModel]]
     queue: Queue | None = None
     hub: EventHub | None = None
+    metrics: Metrics = field(default_factory=Metrics)
 
     @property
     def q(self) -> Queue:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -78,11 +79,15 @@ class RequestIdMiddleware:
 
 
 class BodyLimitMiddleware:
-    """Refuse request bodies over ``limit`` bytes with 413 before the app parses them."""
+    """Refuse request bodies over ``limit`` bytes with 413 before the app parses them;
+    ``on_refuse(path)`` is told of each refusal (metrics)."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int, on_refuse: Callable[[str], None] | None = None
+    ) -> None:
         self.app = app
         self.limit = limit
+        self.on_refuse = on_refuse
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
@@ -95,7 +100,7 @@ class BodyLimitMiddleware:
             except ValueError:
                 declared = -1
             if declared > self.limit:
-                await self._refuse(send, declared)
+                await self._refuse(scope, send, declared)
                 return
         chunks: list[bytes] = []
         total = 0
@@ -108,7 +113,7 @@ class BodyLimitMiddleware:
             total += len(chunk)
             if total > self.limit:
                 # Stop reading here: the rest of the body is never pulled from the client.
-                await self._refuse(send, None)
+                await self._refuse(scope, send, None)
                 return
             chunks.append(chunk)
             more = bool(message.get("more_body", False))
@@ -124,7 +129,9 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Send, declared: int | None) -> None:
+    async def _refuse(self, scope: Scope, send: Send, declared: int | None) -> None:
+        if self.on_refuse is not None:
+            self.on_refuse(str(scope.get("path", "")))
         details: dict[str, Any] = {"limit": self.limit}
         if declared is not None:
             details["content_length"] = declared

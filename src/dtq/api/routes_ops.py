@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from redis.exceptions import RedisError, ResponseError
 
@@ -91,6 +91,8 @@ async def _missing_groups(state: State) -> list[str]:
     response_class=Response,
     responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
 )
-async def metrics() -> Response:
-    """Prometheus metrics of this process (the default registry)."""
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+async def metrics(state: State) -> Response:
+    """Prometheus metrics of this process, and the gauges read from Redis at this scrape
+    (queue depth and pending, retry schedule, DLQ, workers, near-expiration)."""
+    await state.metrics.refresh(state.q.redis)
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

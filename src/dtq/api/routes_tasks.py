@@ -13,7 +13,7 @@ from dtq import admin
 from dtq.api.auth import RequireOperator
 from dtq.api.deps import ApiState, State, check_task_id
 from dtq.api.errors import responses
-from dtq.errors import InvalidTaskError, TaskRunningError
+from dtq.errors import DtqError, InvalidTaskError, TaskRunningError
 from dtq.models import QUEUE_RE, HistoryEntry, SubmitRequest, Task, TaskStatus
 from dtq.store import RECENT_CAP
 
@@ -117,20 +117,39 @@ async def submit_task(
         ),
     ] = None,
 ) -> JSONResponse:
-    fields = _json_object(await request.body())
-    for name in _RESERVED:
-        if name in fields:
-            raise InvalidTaskError(f"{name}: Extra inputs are not permitted", field=name)
-    if idempotency_key is not None:
-        fields["idempotency_key"] = idempotency_key
-    req = SubmitRequest.build(state.settings, state.known_types, **fields)
-    _check_payload(state, req)
-    task = await state.store.submit(req)
+    queue: str | None = None  # for the rejection metric, once the body is read
+    try:
+        fields = _json_object(await request.body())
+        given = fields.get("queue", "default")
+        queue = given if isinstance(given, str) else None
+        for name in _RESERVED:
+            if name in fields:
+                raise InvalidTaskError(f"{name}: Extra inputs are not permitted", field=name)
+        if idempotency_key is not None:
+            fields["idempotency_key"] = idempotency_key
+        req = SubmitRequest.build(state.settings, state.known_types, **fields)
+        _check_payload(state, req)
+        task = await state.store.submit(req)
+    except DtqError as exc:
+        state.metrics.ingest_rejected(queue, exc.code)
+        raise
+    _count_submitted(state, task)
     return JSONResponse(
         task.public_dict(),
         status_code=200 if task.duplicate else 202,
         headers={"Location": f"/api/v1/tasks/{task.task_id}"},
     )
+
+
+def _count_submitted(state: ApiState, task: Task) -> None:
+    if task.duplicate:
+        return
+    ttl_s = None
+    if task.expires_at is not None:
+        ttl_s = (task.expires_at - task.created_at).total_seconds()
+    state.metrics.task_submitted(task.queue, task.task_type, ttl_s)
+    if task.status == TaskStatus.EXPIRED:  # ttl 0: expired at ingest, never runs
+        state.metrics.task_completed(task.queue, task.task_type, "expired")
 
 
 @router.get("/tasks/{task_id}", response_model=Task, responses=responses(404))
@@ -168,6 +187,7 @@ async def cancel_task(task_id: str, state: State, op: RequireOperator) -> Change
         op.log("cancel", task_id, outcome="requested")
         raise
     op.log("cancel", task_id, outcome="cancelled", previous_status=previous)
+    await state.metrics.task_completed_by_id(state.q.redis, task_id, "cancelled")
     return ChangeResult(
         task_id=task_id, status=TaskStatus.CANCELLED, previous_status=TaskStatus(previous)
     )
@@ -191,6 +211,7 @@ async def expire_task(task_id: str, state: State, op: RequireOperator) -> Change
     check_task_id(task_id)
     previous = await admin.expire(state.store, task_id, audit=op.audit())
     op.log("expire", task_id, previous_status=previous)
+    await state.metrics.task_completed_by_id(state.q.redis, task_id, "expired")
     return ChangeResult(
         task_id=task_id, status=TaskStatus.EXPIRED, previous_status=TaskStatus(str(previous))
     )
