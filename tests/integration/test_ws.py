@@ -156,6 +156,10 @@ async def test_task_id_filter_and_a_bad_filter(server: Server, queue: Queue) -> 
         events = await recv_until(ws, lambda evs: len(evs) == 1)
         assert [(e["task_id"], e["type"]) for e in events] == [(target.task_id, "TASK_CANCELLED")]
 
+    async with connect(server.ws_url(), additional_headers={"X-Request-ID": "ws-1"}) as plain:
+        assert plain.response is not None
+        assert plain.response.headers["X-Request-ID"] == "ws-1"
+
     async with connect(server.ws_url("?type=TASK_QUEUED,NOPE")) as bad:
         with pytest.raises(ConnectionClosed) as closed:
             await bad.recv()

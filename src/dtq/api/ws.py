@@ -231,10 +231,12 @@ class EventHub:
 async def serve_client(ws: WebSocket, hub: EventHub, params: Iterable[tuple[str, str]]) -> None:
     """Run one WebSocket client until it leaves, overflows, or the server stops."""
     query = dict(params)
+    rid = ws.scope.get("state", {}).get("request_id")
+    headers = [(b"x-request-id", rid.encode("latin-1"))] if isinstance(rid, str) else None
     try:
         flt = EventFilter.parse(query.get("queue"), query.get("task_id"), query.get("type"))
     except ValueError as exc:
-        await ws.accept()
+        await ws.accept(headers=headers)
         await ws.close(code=CLOSE_POLICY, reason=str(exc)[:120])
         return
     # Subscribed before the handshake completes: once the client sees the connection open,
@@ -243,7 +245,7 @@ async def serve_client(ws: WebSocket, hub: EventHub, params: Iterable[tuple[str,
     pump: asyncio.Task[None] | None = None
     listen: asyncio.Task[None] | None = None
     try:
-        await ws.accept()
+        await ws.accept(headers=headers)
         pump = asyncio.create_task(_pump(ws, sub))
         listen = asyncio.create_task(_until_disconnect(ws))
         await asyncio.wait({pump, listen}, return_when=asyncio.FIRST_COMPLETED)
