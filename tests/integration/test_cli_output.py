@@ -68,12 +68,11 @@ def test_unreachable_redis_is_one_line_naming_the_url_exit_1(redis_url: str) -> 
     port = free_port()  # nothing listens there
     url = f"redis://127.0.0.1:{port}/0"
     cli = Cli(url)
+    # Every Redis command connects the same way before it runs: one of each kind here.
     commands = [
-        ["submit", "--type", "echo_task"], ["get", MISSING_ID], ["status", MISSING_ID],
-        ["list"], ["list", "--json"], ["history", MISSING_ID], ["cancel", MISSING_ID],
-        ["expire", MISSING_ID], ["dlq", "list"], ["retry-dlq", MISSING_ID],
-        ["discard-dlq", MISSING_ID], ["purge-dlq", "--yes"], ["purge", "--queue", "q", "--yes"],
-        ["queue", "pause", "q"], ["queue", "resume", "q"], ["queue", "stats"],
+        ["submit", "--type", "echo_task"], ["get", MISSING_ID, "--json"], ["list"],
+        ["cancel", MISSING_ID], ["dlq", "list"], ["purge-dlq", "--yes"],
+        ["queue", "pause", "q"], ["queue", "stats", "--json"],
     ]  # fmt: skip
     for command, run in zip(commands, parallel(cli, commands), strict=True):
         assert run.code == 1, (command, run.err)
