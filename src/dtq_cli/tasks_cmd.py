@@ -15,7 +15,19 @@ from dtq.models import NOT_STARTED, HistoryEntry, Task, TaskStatus
 from dtq_cli.context import Ctx
 from dtq_cli.output import STATUS_COLOUR, fmt_dt, json_dt, relative
 
-__all__ = ["cancel", "expire", "get", "history", "list_tasks", "status", "submit"]
+__all__ = [
+    "cancel",
+    "expire",
+    "expires_text",
+    "get",
+    "history",
+    "history_document",
+    "history_line",
+    "list_tasks",
+    "status",
+    "status_document",
+    "submit",
+]
 
 
 def _when(value: datetime | None, now: datetime) -> str:
