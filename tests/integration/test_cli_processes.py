@@ -146,8 +146,10 @@ def _on_terminal() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
-@pytest.mark.parametrize("redis_given", [False, True], ids=["private-redis", "given-redis"])
-def test_dev_runs_the_stack_and_ctrl_c_stops_it(
+@pytest.mark.parametrize(
+    "redis_given", [False, True], ids=["private-redis-ctrl-c", "given-redis-sigterm"]
+)
+def test_dev_runs_the_stack_and_a_signal_stops_it_in_order(
     redis_url: str, tmp_path: Path, redis_given: bool
 ) -> None:
     port = free_port()
@@ -201,7 +203,10 @@ def test_dev_runs_the_stack_and_ctrl_c_stops_it(
             assert httpx.get(task_url).json()["result"] == {"hi": 1}
             assert _answers(base + "/metrics")
 
-            os.write(master, b"\x03")  # Ctrl-C on its terminal
+            if redis_given:
+                dev.send_signal(signal.SIGTERM)  # as a process manager stops it
+            else:
+                os.write(master, b"\x03")  # Ctrl-C on its terminal
             assert dev.wait(60) == 0
         finally:
             os.close(master)
