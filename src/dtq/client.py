@@ -334,9 +334,11 @@ async def connect(
     *,
     settings: Settings | None = None,
     known_types: Collection[str] | None = None,
+    scripts: Scripts | None = None,
 ) -> Queue:
     """Connect to Redis and check it answers. ``known_types`` (if given) is the registry that
-    submissions are checked against; without it any well-formed task_type is accepted."""
+    submissions are checked against; without it any well-formed task_type is accepted.
+    ``scripts``: a :class:`Scripts` of the caller's (e.g. with a metrics hook)."""
     settings = settings or load_settings()
     if url is not None:  # validated like DTQ_REDIS_URL (model_copy would skip the check)
         settings = load_settings(**{**settings.model_dump(), "redis_url": url})
@@ -351,7 +353,7 @@ async def connect(
         raise ConfigError(
             f"invalid configuration: DTQ_REDIS_URL={_safe_url(settings.redis_url)!r}: {exc}"
         ) from None
-    queue = Queue(redis, settings, known_types=known_types)
+    queue = Queue(redis, settings, scripts=scripts, known_types=known_types)
     try:
         await redis.ping()
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:

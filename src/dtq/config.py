@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     worker_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 4
     worker_id: str = ""
     worker_metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9100
+    worker_metrics_host: str = "0.0.0.0"  # noqa: S104 - like the API: containers listen on all
     visibility_timeout_s: Annotated[float, Field(gt=0)] = 30
     heartbeat_interval_s: Annotated[float, Field(gt=0)] = 5
     max_queue_depth: PositiveInt = 10_000

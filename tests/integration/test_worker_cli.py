@@ -17,6 +17,7 @@ from dtq.worker.supervisor import child_command, child_env
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_")}
     full["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "src")])
+    full["DTQ_WORKER_METRICS_PORT"] = "0"  # no endpoint on 0.0.0.0 in tests
     full.update(env)
     return subprocess.run(
         [sys.executable, "-m", "dtq.worker", *args],

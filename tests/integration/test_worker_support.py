@@ -232,6 +232,7 @@ class WorkerProcess:
         full_env.update({f"DTQ_{k.upper()}": str(v) for k, v in FAST.items()})
         full_env["DTQ_REDIS_URL"] = redis_url
         full_env["DTQ_LOG_LEVEL"] = "INFO"
+        full_env["DTQ_WORKER_METRICS_PORT"] = "0"  # no endpoint on 0.0.0.0 in tests
         full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "src")])
         if worker_id:
             full_env["DTQ_WORKER_ID"] = worker_id

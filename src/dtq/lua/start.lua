@@ -6,11 +6,11 @@
 --                                                                             {"terminal", status}
 --   3. the entry is not the hash's entry_id   -> XACK + XDEL, TASK_DUPLICATE_ABSORBED
 --      (or the task waits in the schedule)                                    {"duplicate", status}
---   4. queued but listed in dtq:cancelled     -> CANCELLED (safety net)       {"cancelled"}
+--   4. queued but listed in dtq:cancelled     -> CANCELLED (safety net)       {"cancelled", from}
 --   5. running with this entry id: its worker died (crash redelivery). Attempts are counted
 --      here, never from the delivery counter: attempt = hash attempt + 1. A cancel requested
 --      before the crash cancels it now; past max_attempts the task is dead-lettered (FAILED when
---      the DLQ is disabled) with error_class WorkerLost, without running   {"cancelled"} |
+--      the DLQ is disabled) with error_class WorkerLost, without running   {"cancelled", from} |
 --                                                                          {"dead", status}
 --      A redelivered task runs even past its expires_at: it had started.
 --   6. queued with expires_at_ms <= now (Redis TIME) -> EXPIRED, XACK + XDEL, expiry member
@@ -76,7 +76,7 @@ local function cancel_now(from, reason)
   hist(KEYS[2], retention, ts, from, 'cancelled', prev, worker, reason)
   emit(ARGV[7], ARGV[8], ts, 'TASK_CANCELLED', task_id, queue, task_type, prev, worker,
     {from = from, reason = reason})
-  return {'cancelled'}
+  return {'cancelled', from}
 end
 
 if status == 'queued' and redis.call('SISMEMBER', KEYS[4], task_id) == 1 then

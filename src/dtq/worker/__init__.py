@@ -15,8 +15,10 @@ from redis.exceptions import RedisError
 
 from dtq.config import Settings
 from dtq.errors import ConfigError
+from dtq.log import configure_logging, set_process_fields
 from dtq.models import QUEUE_RE
 from dtq.worker.supervisor import supervise
+from dtq.worker.telemetry import WorkerTelemetry
 from dtq.worker.worker import Worker, WorkerObserver, new_worker_id
 from dtq_tasks import Handler, registry
 
@@ -56,13 +58,7 @@ def _check_queues(queues: Sequence[str]) -> list[str]:
 
 
 def _configure_logging(settings: Settings) -> None:
-    root = logging.getLogger()
-    if root.handlers:
-        return
-    logging.basicConfig(
-        level=settings.log_level,
-        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
-    )
+    configure_logging(settings, "worker")
 
 
 def run_worker(
@@ -86,6 +82,11 @@ def run_worker(
             raise ConfigError(f"--concurrency must be at least 1, not {concurrency}")
         if processes < 1:
             raise ConfigError(f"--processes must be at least 1, not {processes}")
+        if settings.worker_metrics_port and settings.worker_metrics_port + processes - 1 > 65535:
+            raise ConfigError(
+                f"DTQ_WORKER_METRICS_PORT={settings.worker_metrics_port} leaves no port for "
+                f"each of {processes} processes (child i listens on the port + i)"
+            )
         handlers = load_task_modules(modules)
     except ConfigError as exc:
         print(f"dtq worker: {exc.message}", file=sys.stderr)
@@ -98,7 +99,17 @@ def run_worker(
             task_modules=modules,
             processes=processes,
         )
-    worker = Worker(settings, queues=served, concurrency=concurrency, handlers=handlers)
+    telemetry = WorkerTelemetry(handlers)
+    worker = Worker(
+        settings,
+        queues=served,
+        concurrency=concurrency,
+        handlers=handlers,
+        on_redis_op=telemetry.metrics.script_call,
+    )
+    telemetry.attach(worker)
+    set_process_fields(worker_id=worker.worker_id)
+    telemetry.serve(settings.worker_metrics_host, settings.worker_metrics_port)
     try:
         asyncio.run(_serve(worker))
     except (RedisError, OSError) as exc:
@@ -108,6 +119,8 @@ def run_worker(
         return 1
     except KeyboardInterrupt:
         return 0
+    finally:
+        telemetry.stop()
     return 0
 
 

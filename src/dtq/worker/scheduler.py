@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -84,8 +84,16 @@ class TickResult:
 class Scheduler:
     """The scheduler loop of one worker; see the module docstring."""
 
-    def __init__(self, store: Store, settings: Settings, worker_id: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        worker_id: str,
+        on_tick: Callable[[TickResult], Awaitable[None]] | None = None,
+    ) -> None:
+        """``on_tick``: awaited after a leader tick that retried or expired tasks (metrics)."""
         self.store = store
+        self.on_tick = on_tick
         self.settings = settings
         self.worker_id = worker_id
         self.lock_ttl_ms = LOCK_TTL_MS
@@ -134,6 +142,8 @@ class Scheduler:
             return result
         await self._phase(result, "promote", self._promote_due(result))
         await self._phase(result, "housekeeping", self._housekeeping(result))
+        if self.on_tick is not None and (result.retried or result.expired):
+            await self._phase(result, "on_tick", self.on_tick(result))
         return result
 
     async def release(self) -> None:

@@ -60,12 +60,15 @@ def child_command(
 
 
 def child_env(settings: Settings, index: int) -> dict[str, str]:
-    """The supervisor's settings as DTQ_* variables, with a worker id of the child's own."""
+    """The supervisor's settings as DTQ_* variables, with a worker id of the child's own and,
+    when the metrics endpoint is on, the metrics port ``DTQ_WORKER_METRICS_PORT + index``."""
     env = dict(os.environ)
     for name, value in settings.model_dump().items():
         env[f"DTQ_{name.upper()}"] = (
             ("true" if value else "false") if isinstance(value, bool) else str(value)
         )
+    if settings.worker_metrics_port:
+        env["DTQ_WORKER_METRICS_PORT"] = str(settings.worker_metrics_port + index)
     if settings.worker_id:
         env["DTQ_WORKER_ID"] = f"{settings.worker_id}-{index}"[:64]
     else:

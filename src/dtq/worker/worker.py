@@ -42,12 +42,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dtq import keys
 from dtq.clock import RedisClock
 from dtq.config import Settings
-from dtq.scripts import Scripts
+from dtq.log import bind as bind_log_fields
+from dtq.scripts import OpHook, Scripts
 from dtq.store import Store
 from dtq.worker.executor import Execution, Finisher, ThreadRunner, run_handler
 from dtq.worker.heartbeat import Heartbeat
-from dtq.worker.protocol import Entry, StartReply, finish_call, parse_read, start_call
-from dtq.worker.scheduler import Scheduler
+from dtq.worker.protocol import Entry, Outcome, StartReply, finish_call, parse_read, start_call
+from dtq.worker.scheduler import Scheduler, TickResult
 from dtq_tasks import Handler, registry
 
 __all__ = ["READ_BATCH", "Worker", "WorkerObserver", "new_worker_id"]
@@ -79,8 +80,13 @@ class WorkerObserver:
     def task_skipped(self, entry: Entry, start: StartReply) -> None:
         """The start checks consumed an entry without running it (kind in ``start.kind``)."""
 
-    def task_finished(self, ex: Execution, status: str, duration_ms: int) -> None:
-        """finish.lua recorded ``status`` (or ``fenced``)."""
+    def task_finished(
+        self, ex: Execution, status: str, duration_ms: int, outcome: Outcome | None = None
+    ) -> None:
+        """finish.lua recorded ``status`` (or ``fenced``); ``outcome`` is how the run ended."""
+
+    async def scheduler_ticked(self, result: TickResult, redis: Redis) -> None:
+        """This worker's scheduler (the leader) retried or expired tasks in one tick."""
 
 
 class Worker:
@@ -96,6 +102,7 @@ class Worker:
         worker_id: str | None = None,
         observers: Iterable[WorkerObserver] = (),
         redis: Redis | None = None,
+        on_redis_op: OpHook | None = None,
     ) -> None:
         if not queues:
             raise ValueError("a worker needs at least one queue")
@@ -112,7 +119,7 @@ class Worker:
             socket_timeout=max(10.0, 4 * BLOCK_MS / 1000),
             health_check_interval=30,
         )
-        self.scripts = Scripts()
+        self.scripts = Scripts(on_call=on_redis_op)
         self.store = Store(self.redis, self.scripts, settings, set(self.handlers))
         self.clock = RedisClock()
         self.inflight: dict[str, Execution] = {}
@@ -188,7 +195,9 @@ class Worker:
         assert self._heartbeat is not None
         finisher = asyncio.create_task(self._finisher.run(), name="finisher")
         scheduler = asyncio.create_task(
-            Scheduler(self.store, self.settings, self.worker_id).run(self._scheduler_stop),
+            Scheduler(
+                self.store, self.settings, self.worker_id, on_tick=self._scheduler_ticked
+            ).run(self._scheduler_stop),
             name="scheduler",
         )
         intake = [
@@ -469,6 +478,7 @@ class Worker:
             entry.stream,
             start.kind,
             start.detail,
+            extra={"task_id": entry.task_id, "task_type": entry.task_type, "queue": entry.queue},
         )
         if start.kind == "dead":
             self.tasks_failed += 1
@@ -487,6 +497,10 @@ class Worker:
     async def _execute(self, ex: Execution) -> None:
         assert self._threads is not None
         entry = ex.entry
+        # This coroutine runs as its own asyncio task: the fields end with it.
+        bind_log_fields(
+            task_id=entry.task_id, task_type=entry.task_type, queue=entry.queue, attempt=ex.attempt
+        )
         try:
             outcome = await run_handler(
                 ex,
@@ -509,7 +523,7 @@ class Worker:
             reply = await asyncio.shield(self._finisher.submit(call))
             status = self._finished(ex, outcome.kind, reply)
             for obs in self.observers:
-                obs.task_finished(ex, status, outcome.duration_ms)
+                obs.task_finished(ex, status, outcome.duration_ms, outcome)
         finally:
             self.inflight.pop(entry.entry_id, None)
             ex.drop_hold("execution")
@@ -539,7 +553,7 @@ class Worker:
         elif status == "retrying" and kind == "error":
             self.tasks_failed += 1
             self.tasks_retried += 1
-        log.info("task %s attempt %d: %s", entry.task_id, ex.attempt, status)
+        log.debug("task %s attempt %d: %s", entry.task_id, ex.attempt, status)
         return status
 
     # -- reaper ---------------------------------------------------------------------------------
@@ -678,6 +692,10 @@ class Worker:
 
     def _snapshot(self) -> list[tuple[str, str]]:
         return [(ex.entry.stream, ex.entry.entry_id) for ex in list(self.inflight.values())]
+
+    async def _scheduler_ticked(self, result: TickResult) -> None:
+        for obs in self.observers:
+            await obs.scheduler_ticked(result, self.redis)
 
     def _stats(self) -> dict[str, Any]:
         return {
