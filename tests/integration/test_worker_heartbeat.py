@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from test_worker_start import read_as
 from test_worker_support import (
     WorkerProcess,
     calls,
     fast,
     handlers,
+    read_as,
     running_worker,
     wait_status,
     wait_until,

@@ -11,8 +11,16 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis
-from test_worker_start import DLQ_FIELDS, read_as, start_as
-from test_worker_support import fast, handlers, running_worker, wait_status, wait_until
+from test_worker_support import (
+    DLQ_FIELDS,
+    fast,
+    handlers,
+    read_as,
+    running_worker,
+    start_as,
+    wait_status,
+    wait_until,
+)
 
 from dtq import Queue, keys
 from dtq.config import Settings

@@ -7,43 +7,26 @@ reclaimed by another worker after the visibility timeout."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
 from redis.asyncio import Redis
 from test_worker_support import (
+    DLQ_FIELDS,
     Events,
     fast,
     handlers,
+    past_deadline,
+    read_as,
     running_worker,
+    start_as,
+    stream_empty,
     wait_status,
     wait_until,
 )
 
 from dtq import Queue, keys
 from dtq.config import Settings
-from dtq.scripts import Scripts
-from dtq.worker.protocol import Entry, StartReply, start_call
 from dtq_tasks import TaskContext
-
-DLQ_FIELDS = {
-    "task_id",
-    "queue",
-    "task_type",
-    "payload",
-    "attempt",
-    "max_attempts",
-    "priority",
-    "timeout_ms",
-    "idempotency_key",
-    "failed_at_ms",
-    "attempts_made",
-    "last_error",
-    "last_error_class",
-    "retryable",
-    "worker_id",
-    "original_queue",
-}
 
 
 class Recorder:
@@ -55,37 +38,6 @@ class Recorder:
     async def __call__(self, payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
         self.calls.append((ctx.task_id, ctx.attempt))
         return {"ok": True}
-
-
-async def read_as(r: Redis, consumer: str, queue: str = "default", priority: int = 5) -> Entry:
-    """Deliver the next entry of a stream to ``consumer`` (as if that worker read it)."""
-    stream = keys.stream(queue, priority)
-    reply = await r.xreadgroup(keys.CONSUMER_GROUP, consumer, {stream: ">"}, count=1)
-    (_, [(entry_id, fields)]) = reply[0]
-    entry = Entry.parse(stream, entry_id, fields)
-    assert entry is not None
-    return entry
-
-
-async def start_as(r: Redis, entry: Entry, consumer: str, settings: Settings) -> StartReply:
-    scripts = Scripts()
-    reply = await scripts.call(r, *start_call(entry, consumer, settings))
-    return StartReply.parse(reply)
-
-
-async def past_deadline(queue: Queue, when: datetime | None) -> None:
-    """Wait until the Redis clock has passed ``when``."""
-    assert when is not None
-
-    async def passed() -> bool:
-        return await queue.now() > when
-
-    await wait_until(passed, 5, "deadline passed")
-
-
-async def stream_empty(r: Redis, stream: str) -> bool:
-    pending = await r.xpending(stream, keys.CONSUMER_GROUP)
-    return await r.xlen(stream) == 0 and pending["pending"] == 0
 
 
 async def test_missing_hash_entry_is_acked_and_deleted(settings: Settings, r: Redis) -> None:

@@ -13,15 +13,18 @@ import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
 
-from dtq import keys
+from dtq import Queue, keys
 from dtq.config import Settings
 from dtq.models import TaskStatus
+from dtq.scripts import Scripts
 from dtq.worker import Worker
+from dtq.worker.protocol import Entry, StartReply, start_call
 from dtq_tasks import Handler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,6 +71,57 @@ async def wait_status(
     except AssertionError:
         raise AssertionError(f"task {task_id} never reached {statuses}; last: {seen}") from None
     return seen
+
+
+DLQ_FIELDS = {
+    "task_id",
+    "queue",
+    "task_type",
+    "payload",
+    "attempt",
+    "max_attempts",
+    "priority",
+    "timeout_ms",
+    "idempotency_key",
+    "failed_at_ms",
+    "attempts_made",
+    "last_error",
+    "last_error_class",
+    "retryable",
+    "worker_id",
+    "original_queue",
+}
+
+
+async def read_as(r: Redis, consumer: str, queue: str = "default", priority: int = 5) -> Entry:
+    """Deliver the next entry of a stream to ``consumer`` (as if that worker read it)."""
+    stream = keys.stream(queue, priority)
+    reply = await r.xreadgroup(keys.CONSUMER_GROUP, consumer, {stream: ">"}, count=1)
+    (_, [(entry_id, fields)]) = reply[0]
+    entry = Entry.parse(stream, entry_id, fields)
+    assert entry is not None
+    return entry
+
+
+async def start_as(r: Redis, entry: Entry, consumer: str, settings: Settings) -> StartReply:
+    scripts = Scripts()
+    reply = await scripts.call(r, *start_call(entry, consumer, settings))
+    return StartReply.parse(reply)
+
+
+async def past_deadline(queue: Queue, when: datetime | None) -> None:
+    """Wait until the Redis clock has passed ``when``."""
+    assert when is not None
+
+    async def passed() -> bool:
+        return await queue.now() > when
+
+    await wait_until(passed, 5, "deadline passed")
+
+
+async def stream_empty(r: Redis, stream: str) -> bool:
+    pending = await r.xpending(stream, keys.CONSUMER_GROUP)
+    return await r.xlen(stream) == 0 and pending["pending"] == 0
 
 
 def handlers(**fns: Callable[..., Any]) -> dict[str, Handler]:

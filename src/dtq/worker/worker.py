@@ -2,26 +2,20 @@
 
 Loops, each cancellable and jittered:
 
-- **poll** (two overlapping, so Redis works while Python does): strict priority p9 -> p0 across
-  the served queues; each read takes at most ``min(free capacity, 64)`` entries and a stream is
-  read only while capacity is left, so prefetch never exceeds free capacity. Paused queues are
-  skipped (their flag is re-read at least twice a second). With nothing to read, one
-  ``XREAD BLOCK 500`` on every served stream (from the group's last-delivered ids: it consumes
-  nothing) wakes the worker as soon as any priority gets an entry.
-- **reaper**: ``XAUTOCLAIM`` p9 -> p0 with min-idle = visibility timeout, following the cursor
-  to ``0-0``, never claiming more than free capacity. Entries whose fields are gone (Redis 6.2
-  replies nil) are found in this consumer's pending list, acknowledged and logged; ids that
-  Redis 7 reports deleted are logged.
+- **poll** (two overlapping, so Redis works while Python does) and **reaper**: where entries
+  come from, within free capacity (:mod:`dtq.worker.intake`);
 - **cancel watcher**: every 0.25 s, one pipelined ``HGET cancel_requested`` for the running
-  tasks; a requested one is stopped and finished CANCELLED within a second.
+  tasks; a requested one is stopped and finished CANCELLED within a second;
 - **finisher** (:class:`~dtq.worker.executor.Finisher`) and the **scheduler**
-  (:class:`~dtq.worker.scheduler.Scheduler`, leader only).
+  (:class:`~dtq.worker.scheduler.Scheduler`, leader only);
 - **heartbeat** on its own thread (:mod:`dtq.worker.heartbeat`).
 
-Start scripts of one read go to Redis in one pipeline. Shutdown (:meth:`Worker.stop`): stop
-intake and the scheduler, wait up to ``DTQ_DRAIN_TIMEOUT_S`` for in-flight work, stop what is
-left *without* acknowledging it (a peer reclaims it), flush finishes, heartbeat to the end, then
-status stopped and WORKER_STOPPED.
+Start scripts of one read go to Redis in one pipeline; each started entry runs as its own
+asyncio task (:func:`~dtq.worker.executor.run_handler`) and its finish script joins the
+finisher's next pipeline. Shutdown (:meth:`Worker.stop`): stop intake and the scheduler, wait
+up to ``DTQ_DRAIN_TIMEOUT_S`` for in-flight work, stop what is left *without* acknowledging it
+(a peer reclaims it), flush finishes, heartbeat to the end, then status stopped and
+WORKER_STOPPED.
 """
 
 from __future__ import annotations
@@ -32,7 +26,7 @@ import logging
 import random
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -45,9 +39,11 @@ from dtq.config import Settings
 from dtq.log import bind as bind_log_fields
 from dtq.scripts import OpHook, Scripts
 from dtq.store import Store
+from dtq.worker.connection import worker_redis
 from dtq.worker.executor import Execution, Finisher, ThreadRunner, run_handler
 from dtq.worker.heartbeat import Heartbeat
-from dtq.worker.protocol import Entry, Outcome, StartReply, finish_call, parse_read, start_call
+from dtq.worker.intake import BLOCK_MS, READ_BATCH, Capacity, Intake
+from dtq.worker.protocol import Entry, Outcome, StartReply, finish_call, start_call
 from dtq.worker.scheduler import Scheduler, TickResult
 from dtq_tasks import Handler, registry
 
@@ -55,9 +51,6 @@ __all__ = ["READ_BATCH", "Worker", "WorkerObserver", "new_worker_id"]
 
 log = logging.getLogger(__name__)
 
-READ_BATCH = 64
-BLOCK_MS = 500
-PAUSE_REFRESH_S = 0.5
 CANCEL_POLL_S = 0.25
 JITTER = 0.2
 POLL_LOOPS = 2
@@ -112,13 +105,7 @@ class Worker:
         self.handlers = handlers if handlers is not None else registry()
         self.worker_id = worker_id or settings.worker_id or new_worker_id()
         self.observers = list(observers)
-        self.redis = redis or Redis.from_url(
-            settings.redis_url,
-            decode_responses=True,
-            socket_connect_timeout=5,
-            socket_timeout=max(10.0, 4 * BLOCK_MS / 1000),
-            health_check_interval=30,
-        )
+        self.redis = redis or worker_redis(settings)
         self.scripts = Scripts(on_call=on_redis_op)
         self.store = Store(self.redis, self.scripts, settings, set(self.handlers))
         self.clock = RedisClock()
@@ -126,18 +113,24 @@ class Worker:
         self.tasks_processed = 0
         self.tasks_failed = 0
         self.tasks_retried = 0
-        self._free = self.concurrency
-        self._free_changed = asyncio.Event()
+        self.capacity = Capacity(self.concurrency)
         self._stopping = asyncio.Event()  # stop intake
         self._force = asyncio.Event()  # skip the rest of the drain
         self._scheduler_stop = asyncio.Event()
         self._executions: set[asyncio.Task[None]] = set()
-        self._paused: set[str] = set()
-        self._paused_at = -1.0
         self._rng = random.Random()
         self._threads: ThreadRunner | None = None
         self._finisher = Finisher(self.store, retry_budget_s=settings.visibility_timeout_s / 2)
         self._heartbeat: Heartbeat | None = None
+        self.intake = Intake(
+            self.store,
+            settings,
+            self.worker_id,
+            self.queues,
+            self.capacity,
+            self._start,
+            self.inflight,
+        )
         self.started = asyncio.Event()
 
     # -- public control -------------------------------------------------------------------------
@@ -154,7 +147,7 @@ class Worker:
 
     @property
     def active_tasks(self) -> int:
-        return self.concurrency - self._free
+        return self.capacity.used
 
     async def run(self) -> None:
         """Run until :meth:`stop`; returns after the ordered shutdown."""
@@ -201,10 +194,10 @@ class Worker:
             name="scheduler",
         )
         intake = [
-            asyncio.create_task(self._supervise("poll", self._poll_loop), name=f"poll{i}")
+            asyncio.create_task(self._supervise("poll", self._poll), name=f"poll{i}")
             for i in range(POLL_LOOPS if self.concurrency > 1 else 1)
         ]
-        intake.append(asyncio.create_task(self._supervise("reaper", self._reaper_loop)))
+        intake.append(asyncio.create_task(self._supervise("reaper", self._reap), name="reaper"))
         watcher = asyncio.create_task(self._supervise("cancel", self._cancel_loop))
         try:
             self._heartbeat.set_status("running")
@@ -309,132 +302,23 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), delay)
 
-    # -- capacity -------------------------------------------------------------------------------
+    # -- intake -------------------------------------------------------------------------------
 
-    async def _reserve(self, most: int) -> int:
-        """Wait for free capacity and take up to ``most`` slots (0 when stopping)."""
-        while self._free <= 0:
-            if self._stopping.is_set():
-                return 0
-            self._free_changed.clear()
-            stop = asyncio.ensure_future(self._stopping.wait())
-            free = asyncio.ensure_future(self._free_changed.wait())
-            try:
-                await asyncio.wait({stop, free}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop.cancel()
-                free.cancel()
-        if self._stopping.is_set():
-            return 0
-        n = min(self._free, most)
-        self._free -= n
-        return n
+    async def _poll(self) -> None:
+        await self.intake.poll(self._stopping)
 
-    def _take(self, most: int) -> int:
-        n = max(0, min(self._free, most))
-        self._free -= n
-        return n
+    async def _reap(self) -> None:
+        await self.intake.reap(self._stopping, self._jittered_reaper_interval)
+
+    def _jittered_reaper_interval(self) -> float:
+        return self.settings.reaper_interval_s * (1 + self._rng.uniform(-JITTER, JITTER))
+
+    async def reap_once(self) -> int:
+        """One reaper pass now (tests, operators); returns how many entries it started."""
+        return await self.intake.reap_once()
 
     def _release(self, n: int = 1) -> None:
-        if n > 0:
-            self._free += n
-            self._free_changed.set()
-
-    # -- poll -----------------------------------------------------------------------------------
-
-    async def _active_streams(self) -> list[str]:
-        """Streams of the queues not paused, p9 first across all queues."""
-        now = asyncio.get_running_loop().time()
-        if now - self._paused_at >= PAUSE_REFRESH_S:
-            flags = await self.redis.mget([keys.queue_paused(q) for q in self.queues])
-            paused = {q for q, f in zip(self.queues, flags, strict=True) if f == "1"}
-            if paused != self._paused:
-                log.info("worker %s: paused queues now %s", self.worker_id, sorted(paused) or "-")
-            self._paused = paused
-            self._paused_at = now
-        served = [q for q in self.queues if q not in self._paused]
-        return [keys.stream(q, p) for p in keys.PRIORITIES for q in served]
-
-    async def _poll_loop(self) -> None:
-        """Read, start, repeat; block when there is nothing to read.
-
-        Race-free wake-up: before the read that may end in a block, the group's last-delivered
-        id of each stream is sampled; the block (XREAD from those ids, consuming nothing) returns
-        at once for any entry added after the sample, so an entry that lands on a stream just
-        after the scan passed it still wakes the worker.
-        """
-        idle = False
-        while not self._stopping.is_set():
-            streams = await self._active_streams()
-            if not streams:
-                await self._sleep(PAUSE_REFRESH_S)
-                continue
-            n = await self._reserve(READ_BATCH)
-            if n == 0:
-                return
-            try:
-                since = await self._last_delivered(streams) if idle else None
-                entries = await self._read(streams, n)
-            except BaseException:
-                self._release(n)
-                raise
-            self._release(n - len(entries))
-            if entries:
-                idle = False
-                await asyncio.shield(self._start(entries))  # read entries are always started
-            elif since is None:
-                idle = True  # sample, read once more, then block
-            else:
-                await self.redis.xread(
-                    {s: since.get(s, "$") for s in streams}, count=1, block=BLOCK_MS
-                )
-
-    async def _last_delivered(self, streams: Sequence[str]) -> dict[str, str]:
-        """The consumer group's last-delivered id of each stream (one pipeline)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for stream in streams:
-            pipe.xinfo_groups(stream)
-        out: dict[str, str] = {}
-        for stream, groups in zip(streams, await pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(groups, Exception):
-                continue  # no stream yet: "$" (its first entry creates it)
-            for g in groups:
-                if g.get("name") == keys.CONSUMER_GROUP:
-                    out[stream] = str(g["last-delivered-id"])
-        return out
-
-    async def _read(self, streams: Sequence[str], capacity: int) -> list[Entry]:
-        """Strict priority: each stream in order, only while capacity is left."""
-        got: list[Entry] = []
-        for stream in streams:
-            left = capacity - len(got)
-            if left <= 0:
-                break
-            try:
-                reply = await self.redis.xreadgroup(
-                    keys.CONSUMER_GROUP, self.worker_id, {stream: ">"}, count=left
-                )
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                await self.store.ensure_groups(keys.stream_queue(stream)[0])
-                continue
-            entries, bad = parse_read(cast(list[Any], reply))
-            got.extend(entries)
-            if bad:
-                await self._drop_unusable(bad)
-        return got
-
-    async def _drop_unusable(self, bad: Sequence[tuple[str, str]]) -> None:
-        """Entries without a task id cannot belong to any task: ACK + XDEL, and say so."""
-        pipe = self.redis.pipeline(transaction=False)
-        for stream, entry_id in bad:
-            log.error(
-                "stream %s entry %s has no task fields: acknowledged and deleted", stream, entry_id
-            )
-            pipe.xack(stream, keys.CONSUMER_GROUP, entry_id)
-            pipe.xdel(stream, entry_id)
-        await pipe.execute()
+        self.capacity.release(n)
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -555,101 +439,6 @@ class Worker:
             self.tasks_retried += 1
         log.debug("task %s attempt %d: %s", entry.task_id, ex.attempt, status)
         return status
-
-    # -- reaper ---------------------------------------------------------------------------------
-
-    async def _reaper_loop(self) -> None:
-        while not self._stopping.is_set():
-            await self._sleep(self.settings.reaper_interval_s)
-            if self._stopping.is_set():
-                return
-            await self.reap_once()
-
-    async def reap_once(self) -> int:
-        """Claim entries idle past the visibility timeout; returns how many were started."""
-        min_idle_ms = round(self.settings.visibility_timeout_s * 1000)
-        started = 0
-        for stream in await self._active_streams():
-            cursor = "0-0"
-            while True:
-                n = self._take(READ_BATCH)
-                if n == 0:
-                    return started
-                try:
-                    reply = await self.redis.xautoclaim(
-                        stream, keys.CONSUMER_GROUP, self.worker_id, min_idle_ms, cursor, count=n
-                    )
-                except ResponseError as exc:
-                    self._release(n)
-                    if "NOGROUP" not in str(exc):
-                        raise
-                    await self.store.ensure_groups(keys.stream_queue(stream)[0])
-                    break
-                except BaseException:
-                    self._release(n)
-                    raise
-                cursor = str(reply[0])
-                claimed = cast(list[tuple[str | None, dict[str, str] | None]], reply[1])
-                entries, bad, nil = [], [], 0
-                for entry_id, fields in claimed:
-                    if entry_id is None:
-                        nil += 1
-                        continue
-                    entry = Entry.parse(stream, entry_id, fields)
-                    if entry is None:
-                        bad.append((stream, entry_id))
-                    else:
-                        entries.append(entry)
-                self._release(n - len(entries))
-                if entries:
-                    log.warning(
-                        "reaper: reclaimed %d entr%s idle over %dms from %s",
-                        len(entries),
-                        "y" if len(entries) == 1 else "ies",
-                        min_idle_ms,
-                        stream,
-                    )
-                    started += len(entries)
-                    await asyncio.shield(self._start(entries))
-                if bad:
-                    await self._drop_unusable(bad)
-                if nil:
-                    await self._resolve_deleted(stream)
-                if len(reply) > 2 and reply[2]:
-                    log.error(
-                        "reaper: entries deleted from %s while pending (Redis removed "
-                        "them from the pending list): %s",
-                        stream,
-                        ", ".join(reply[2]),
-                    )
-                if cursor == "0-0":
-                    break
-        return started
-
-    async def _resolve_deleted(self, stream: str) -> None:
-        """Redis 6.2: XAUTOCLAIM answers nil for an entry deleted while pending and leaves it in
-        the pending list (now ours). Find such ids among ours that are not in flight, check
-        they are gone from the stream, acknowledge them and log each."""
-        mine = await self.redis.xpending_range(
-            stream, keys.CONSUMER_GROUP, "-", "+", 1000, consumername=self.worker_id
-        )
-        candidates = [
-            str(p["message_id"]) for p in mine if str(p["message_id"]) not in self.inflight
-        ]
-        if not candidates:
-            return
-        pipe = self.redis.pipeline(transaction=False)
-        for entry_id in candidates:
-            pipe.xrange(stream, entry_id, entry_id)
-        gone = [i for i, r in zip(candidates, await pipe.execute(), strict=True) if not r]
-        if gone:
-            await self.redis.xack(stream, keys.CONSUMER_GROUP, *gone)
-            log.error(
-                "reaper: entries %s of %s were deleted while pending: acknowledged; "
-                "their task (if any) cannot be found from the stream",
-                ", ".join(gone),
-                stream,
-            )
 
     # -- cancellation and lost leases -----------------------------------------------------------
 
