@@ -285,3 +285,40 @@ async def test_start_sets_running_fields_and_removes_expiry_member(
     assert h["status"] == "running" and h["attempt"] == "1"
     assert h["worker_id"] == "worker-aaaaaaaa" and h["started_at"]
     assert await r.zscore(keys.EXPIRY, task.task_id) is None  # a started task never expires
+
+
+async def test_queued_task_listed_as_cancelled_is_cancelled_at_start(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    """The safety net of check 4: a QUEUED task in dtq:cancelled is cancelled, not run."""
+    task = await queue.submit("wt_echo", {}, idempotency_key="k-net")
+    await r.sadd(keys.CANCELLED, task.task_id)
+    entry = await read_as(r, "worker-aaaaaaaa")
+    reply = await start_as(r, entry, "worker-aaaaaaaa", settings)
+    assert (reply.kind, reply.detail) == ("cancelled", "queued")
+    assert (await queue.get(task.task_id)).status == "cancelled"
+    assert not await r.sismember(keys.CANCELLED, task.task_id)
+    assert await stream_empty(r, entry.stream)
+    assert json.loads(await r.get(keys.idempotency("default", "k-net")))["state"] == "failed"
+
+
+async def test_undecodable_payload_is_a_permanent_error(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    """An entry whose payload is not a JSON object (a foreign writer): PayloadDecodeError."""
+    rec = Recorder()
+    results = {}
+    for name, payload in (("not_json", "{nope"), ("not_object", "[1, 2]")):
+        task = await queue.submit("wt_echo", {})
+        stream = keys.stream("default", 5)
+        fields = dict((await r.xrange(stream, task.entry_id, task.entry_id))[0][1])
+        await r.xdel(stream, task.entry_id)
+        fields["payload"] = payload
+        forged = await r.xadd(stream, fields)
+        await r.hset(keys.task(task.task_id), "entry_id", forged)
+        results[name] = task.task_id
+    async with running_worker(fast(settings), handlers(wt_echo=rec)):
+        for task_id in results.values():
+            h = await wait_status(r, task_id, "dead_lettered")
+            assert h["error_class"] == "PayloadDecodeError" and h["attempt"] == "1"
+    assert rec.calls == []

@@ -408,6 +408,13 @@ class Worker:
             status = self._finished(ex, outcome.kind, reply)
             for obs in self.observers:
                 obs.task_finished(ex, status, outcome.duration_ms, outcome)
+        except Exception:  # a bug here must not kill the worker; the entry stays pending
+            log.exception(
+                "task %s attempt %d: execution failed inside the worker; the entry is left "
+                "for redelivery",
+                entry.task_id,
+                ex.attempt,
+            )
         finally:
             self.inflight.pop(entry.entry_id, None)
             ex.drop_hold("execution")
