@@ -245,3 +245,19 @@ async def test_every_metric_referenced_exists_in_a_live_scrape(
     live = await _live_names(settings)
     missing = sorted(referenced - live)
     assert not missing, f"{source} reference metrics no process exposes: {missing}"
+
+
+def test_operations_doc_lists_every_setting() -> None:
+    doc = (REPO / "docs" / "operations.md").read_text()
+    missing = [n for n in Settings.model_fields if f"`DTQ_{n.upper()}`" not in doc]
+    assert not missing, f"docs/operations.md does not describe {missing}"
+
+
+async def test_operations_doc_describes_every_metric(settings: Settings) -> None:
+    doc = (REPO / "docs" / "operations.md").read_text()
+    live = await _live_names(settings)
+    skip = ("_bucket", "_sum", "_created")
+    exposed = {n for n in live if n.startswith("dtq_") and not n.endswith(skip)}
+    exposed = {n.removesuffix("_count") for n in exposed}
+    missing = sorted(n for n in exposed if f"`{n}" not in doc)
+    assert not missing, f"docs/operations.md does not describe {missing}"

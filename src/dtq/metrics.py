@@ -343,6 +343,20 @@ class Snapshot:
     max_queue_depth: int = 0
 
 
+@dataclass
+class _Reads:
+    """What the round trips of one scrape read."""
+
+    now_ms: int
+    queues: set[str]
+    workers: set[str]
+    scheduled: int
+    dlq: int
+    expiring: list[str]
+    counts: dict[str, list[Any]]  # queue -> XLEN, XPENDING, ... of its ten streams
+    beats: dict[str, Any]  # worker id -> last_heartbeat_ms (None: hash gone)
+
+
 class RedisGauges:
     """A Prometheus collector of the values that live in Redis, read at scrape time.
 
@@ -412,9 +426,17 @@ class RedisGauges:
         if not self._synced:
             await self.clock.sync(redis)
             self._synced = True
+        reads = await self._first_trip(redis)
+        await self._discover(redis, reads)
+        self._queues, self._workers = reads.queues, reads.workers
+        known = self._task_queue
+        self._task_queue = {t: known[t] for t in reads.expiring if t in known}
+        return self._snapshot_of(reads)
+
+    async def _first_trip(self, redis: Redis) -> _Reads:
+        """The one pipeline of every scrape, for the queues and workers already known."""
         window_end = self.clock.now_ms() + self.settings.near_expiration_s * 1000
-        queues = sorted(self._queues)
-        workers = sorted(self._workers)
+        queues, workers = sorted(self._queues), sorted(self._workers)
         pipe = redis.pipeline(transaction=False)
         pipe.time()
         pipe.smembers(keys.QUEUES)
@@ -433,62 +455,68 @@ class RedisGauges:
         now_ms = int(redis_time[0]) * 1000 + int(redis_time[1]) // 1000
         self.clock.offset_ms = now_ms - (before_ms + after_ms) / 2
         rest = replies[6:]
-        per_queue = 2 * len(keys.PRIORITIES)
-        counts = {q: rest[i * per_queue : (i + 1) * per_queue] for i, q in enumerate(queues)}
-        beats = dict(zip(workers, rest[len(queues) * per_queue :], strict=True))
+        split = len(queues) * PER_QUEUE
+        return _Reads(
+            now_ms=now_ms,
+            queues=set(queue_set) | {DEFAULT_QUEUE},
+            workers=set(worker_set),
+            scheduled=int(scheduled),
+            dlq=int(dlq),
+            expiring=[str(t) for t in expiring],
+            counts=_per_queue(queues, rest[:split]),
+            beats=dict(zip(workers, rest[split:], strict=True)),
+        )
 
-        all_queues = set(queue_set) | {DEFAULT_QUEUE}
-        all_workers = set(worker_set)
-        expiring = [str(t) for t in expiring]
-        new_queues = sorted(all_queues - set(counts))
-        new_workers = sorted(all_workers - set(beats))
-        unknown = [t for t in expiring if t not in self._task_queue]
-        if new_queues or new_workers or unknown:
-            pipe = redis.pipeline(transaction=False)
-            _queue_reads(pipe, new_queues)
-            for wid in new_workers:
-                pipe.hget(keys.worker(wid), "last_heartbeat_ms")
-            for tid in unknown:
-                pipe.hget(keys.task(tid), "queue")
-            more = await _execute(pipe)
-            self.round_trips += 1
-            for i, q in enumerate(new_queues):
-                counts[q] = more[i * per_queue : (i + 1) * per_queue]
-            more = more[len(new_queues) * per_queue :]
-            beats.update(zip(new_workers, more[: len(new_workers)], strict=True))
-            for tid, q in zip(unknown, more[len(new_workers) :], strict=True):
-                if q is not None:
-                    self._task_queue[tid] = str(q)
-        if len(expiring) >= self.expiring_cap and not self._warned_cap:
+    async def _discover(self, redis: Redis, reads: _Reads) -> None:
+        """A second round trip, only for queues, workers or expiring tasks not seen before."""
+        new_queues = sorted(reads.queues - set(reads.counts))
+        new_workers = sorted(reads.workers - set(reads.beats))
+        unknown = [t for t in reads.expiring if t not in self._task_queue]
+        if len(reads.expiring) >= self.expiring_cap and not self._warned_cap:
             self._warned_cap = True
             log.warning(
-                "metrics: over %d tasks expire within %ss: dtq_tasks_near_expiration counts "
-                "the soonest %d",
+                "metrics: %d or more tasks expire within %ss: dtq_tasks_near_expiration "
+                "counts the soonest %d",
                 self.expiring_cap,
                 self.settings.near_expiration_s,
                 self.expiring_cap,
             )
-        self._queues = all_queues
-        self._workers = all_workers
-        self._task_queue = {t: self._task_queue[t] for t in expiring if t in self._task_queue}
+        if not (new_queues or new_workers or unknown):
+            return
+        pipe = redis.pipeline(transaction=False)
+        _queue_reads(pipe, new_queues)
+        for wid in new_workers:
+            pipe.hget(keys.worker(wid), "last_heartbeat_ms")
+        for tid in unknown:
+            pipe.hget(keys.task(tid), "queue")
+        more = await _execute(pipe)
+        self.round_trips += 1
+        split = len(new_queues) * PER_QUEUE
+        reads.counts.update(_per_queue(new_queues, more[:split]))
+        beats, queues_of = more[split : split + len(new_workers)], more[split + len(new_workers) :]
+        reads.beats.update(zip(new_workers, beats, strict=True))
+        for tid, queue in zip(unknown, queues_of, strict=True):
+            if queue is not None:
+                self._task_queue[tid] = str(queue)
 
+    def _snapshot_of(self, reads: _Reads) -> Snapshot:
         snap = Snapshot(
-            retry_scheduled=int(scheduled),
-            dlq_depth=int(dlq),
+            retry_scheduled=reads.scheduled,
+            dlq_depth=reads.dlq,
             max_queue_depth=self.settings.max_queue_depth,
         )
-        for q in sorted(all_queues):
-            replies_q = counts[q]
-            snap.depth[q] = sum(int(n) for n in replies_q[0::2] if not isinstance(n, Exception))
-            snap.pending[q] = sum(_pending(p) for p in replies_q[1::2])
+        for q in sorted(reads.queues):
+            replies = reads.counts[q]
+            snap.depth[q] = sum(int(n) for n in replies[0::2] if not isinstance(n, Exception))
+            snap.pending[q] = sum(_pending(p) for p in replies[1::2])
             snap.near_expiration[q] = 0
-        near = Tally(self._task_queue[t] for t in expiring if t in self._task_queue)
+        near = Tally(self._task_queue[t] for t in reads.expiring if t in self._task_queue)
         for q, n in near.items():
             snap.near_expiration[q] = snap.near_expiration.get(q, 0) + n
         limit_ms = STALE_HEARTBEATS * self.settings.heartbeat_interval_s * 1000
-        for wid in all_workers:
-            beat = _int(beats.get(wid))
-            if beat is not None and now_ms - beat <= limit_ms:
+        for wid in reads.workers:
+            beat = _int(reads.beats.get(wid))
+            if beat is not None and reads.now_ms - beat <= limit_ms:
                 snap.workers_active += 1
             else:
                 snap.workers_stale += 1
@@ -540,6 +568,13 @@ class RedisGauges:
             "DTQ_MAX_QUEUE_DEPTH of this API (admission limit per queue)",
             value=s.max_queue_depth,
         )
+
+
+PER_QUEUE = 2 * len(keys.PRIORITIES)  # replies per queue: XLEN and XPENDING of each stream
+
+
+def _per_queue(queues: Sequence[str], replies: Sequence[Any]) -> dict[str, list[Any]]:
+    return {q: list(replies[i * PER_QUEUE : (i + 1) * PER_QUEUE]) for i, q in enumerate(queues)}
 
 
 def _queue_reads(pipe: Any, queues: Sequence[str]) -> None:

@@ -114,7 +114,7 @@ TYPES = ("m_ok", "m_flaky", "m_fail", "m_slow")
 def fast(settings: Settings, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "task_modules": MODULE,
-        "heartbeat_interval_s": 0.2,
+        "heartbeat_interval_s": 1.0,  # stale after 3 s: a loaded machine still counts it alive
         "visibility_timeout_s": 3,
         "reaper_interval_s": 0.5,
         "scheduler_interval_s": 0.05,
@@ -287,6 +287,15 @@ async def test_metrics_after_a_workload(settings: Settings, r: Redis) -> None:
             return all([await status_of(r, t) == st for t, st in want.items()])
 
         await wait_until(done, 20, "the workload")
+
+        async def scheduler_counted() -> bool:
+            # The scheduler counts after its tick's writes: a moment after Redis shows them.
+            w = await scrape_url(worker_url)
+            return (
+                w.value("dtq_tasks_expired_total") == 1 and w.value("dtq_tasks_retried_total") == 2
+            )
+
+        await wait_until(scheduler_counted, 5, "the scheduler's counts")
         assert at_ingest["status"] == "expired"
         assert near_a["status"] == "pending"
         w = await scrape_url(worker_url)
@@ -582,7 +591,14 @@ async def test_each_worker_process_serves_its_own_metrics(
                 return all([await status_of(r, t.task_id) == "succeeded" for t in tasks])
 
             await wait_until(all_done, 20, "the tasks")
-            scrapes = [await scrape_url(url) for url in urls]
+            scrapes: list[Scrape] = []
+
+            async def all_counted() -> bool:
+                # A worker counts a task just after its finish script: a moment after Redis.
+                scrapes[:] = [await scrape_url(url) for url in urls]
+                return sum(x.value("dtq_tasks_succeeded_total") for x in scrapes) == 6
+
+            await wait_until(all_counted, 5, "the tasks counted")
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -598,4 +614,5 @@ async def test_each_worker_process_serves_its_own_metrics(
     assert len(ids) == 2, "each process reports its own worker id"
     total = sum(s.value("dtq_tasks_succeeded_total", task_type="mp_echo") for s in scrapes)
     assert total == 6
+    assert sum(s.value("dtq_tasks_started_total", task_type="mp_echo") for s in scrapes) == 6
     assert proc.returncode == 0, log_path.read_text()
