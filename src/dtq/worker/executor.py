@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import queue
@@ -105,7 +106,8 @@ class ThreadRunner:
                 )
                 self._threads.append(t)
                 t.start()
-        self._queue.put((fut, fn, args))
+        # The handler sees the context of its execution (log fields bound by the worker).
+        self._queue.put((fut, contextvars.copy_context().run, (fn, *args)))
         return fut
 
     def _work(self) -> None:
