@@ -109,17 +109,14 @@ def bound(**fields: Any) -> Iterator[None]:
         _context.reset(token)
 
 
+SECRET_MIN_CHARS = 4  # shorter values are not secrets worth garbling every line for
+
+
 def _secrets(settings: Settings) -> list[str]:
-    out = []
-    if settings.api_key:
-        out.append(settings.api_key)
-    try:
-        password = urlsplit(settings.redis_url).password
-    except ValueError:
-        password = None
-    if password:
-        out.append(password)
-    return sorted(out, key=len, reverse=True)
+    out = [settings.api_key]
+    with contextlib.suppress(ValueError):  # a URL urllib cannot split has no password to hide
+        out.append(urlsplit(settings.redis_url).password or "")
+    return sorted((s for s in out if len(s) >= SECRET_MIN_CHARS), key=len, reverse=True)
 
 
 class _Base(logging.Formatter):

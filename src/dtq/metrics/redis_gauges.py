@@ -1,0 +1,309 @@
+"""The gauges that live in Redis, read at scrape time by the API (:class:`RedisGauges`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from dtq import keys
+from dtq.clock import RedisClock
+from dtq.config import Settings
+
+__all__ = ["EXPIRING_CAP", "OpHook", "RedisGauges"]
+
+log = logging.getLogger(__name__)
+
+OpHook = Callable[[str, bool], None]
+"""(operation, ok): told of each Redis operation, for ``dtq_redis_operations_total``."""
+
+EXPIRING_CAP = 10_000
+DEFAULT_QUEUE = "default"
+STALE_HEARTBEATS = 3  # contract section 6
+
+
+@dataclass
+class _Snapshot:
+    """The values of one scrape."""
+
+    depth: dict[str, int] = field(default_factory=dict)
+    pending: dict[str, int] = field(default_factory=dict)
+    near_expiration: dict[str, int] = field(default_factory=dict)
+    retry_scheduled: int = 0
+    dlq_depth: int = 0
+    workers_active: int = 0
+    workers_stale: int = 0
+    max_queue_depth: int = 0
+
+
+@dataclass
+class _Reads:
+    """What the round trips of one scrape read."""
+
+    now_ms: int
+    queues: set[str]
+    workers: set[str]
+    scheduled: int
+    dlq: int
+    expiring: list[str]
+    counts: dict[str, list[Any]]  # queue -> XLEN, XPENDING, ... of its ten streams
+    beats: dict[str, Any]  # worker id -> last_heartbeat_ms (None: hash gone)
+
+
+class RedisGauges:
+    """A Prometheus collector of the values that live in Redis, read at scrape time.
+
+    :meth:`refresh` (awaited by the API's ``/metrics`` before it renders) sends ONE pipeline:
+    ``TIME``; ``SMEMBERS dtq:queues`` and ``dtq:workers``; ``ZCARD dtq:retry:schedule``;
+    ``XLEN dtq:stream:dead-letter``; ``ZRANGEBYSCORE dtq:expiry -inf <now + window>`` (at most
+    10,000 members); and, for every queue and worker known from the previous scrape, ``XLEN``
+    and ``XPENDING`` of its ten streams and ``HGET last_heartbeat_ms`` of its hash. A second
+    round trip happens only for what the first discovered: a queue or worker not seen before,
+    or an expiring task whose queue is not known yet (a task's queue never changes, so it is
+    looked up once while it stays in the window).
+
+    ``dtq:expiry`` is one zset for all queues and holds only tasks that have not started
+    (the start script removes a task's member, a retry puts it back), so near-expiration per
+    queue counts the members due within ``DTQ_NEAR_EXPIRATION_S`` by their task's queue.
+    Overdue members the sweep has not reached yet (within a second) are included. Past 10,000
+    such members the counts cover the 10,000 soonest (a warning is logged).
+
+    Workers: ``active`` have a heartbeat younger than three ``DTQ_HEARTBEAT_INTERVAL_S`` on the
+    Redis clock (the API must use the workers' interval); ``stale`` are still listed in
+    ``dtq:workers`` but older, or their hash is gone.
+
+    If Redis fails, the gauges are left out of that scrape (the process's own metrics are
+    still served) and ``dtq_redis_operations_total{operation="collect",result="error"}`` grows.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        on_op: OpHook | None = None,
+        expiring_cap: int = EXPIRING_CAP,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self.settings = settings
+        self.expiring_cap = expiring_cap
+        self.timeout_s = timeout_s
+        self.clock = RedisClock()
+        self.round_trips = 0  # of the last refresh
+        self._on_op = on_op
+        self._synced = False
+        self._queues: set[str] = {DEFAULT_QUEUE}
+        self._workers: set[str] = set()
+        self._task_queue: dict[str, str] = {}
+        self._snapshot: _Snapshot | None = None
+        self._warned_cap = False
+        self._lock = asyncio.Lock()
+
+    async def refresh(self, redis: Redis) -> None:
+        async with self._lock:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    self._snapshot = await self._read(redis)
+            except (RedisError, OSError, TimeoutError) as exc:
+                self._snapshot = None
+                self._op(False)
+                log.warning("metrics: Redis gauges not collected: %s", exc)
+                return
+            self._op(True)
+
+    def _op(self, ok: bool) -> None:
+        if self._on_op is not None:
+            self._on_op("collect", ok)
+
+    async def _read(self, redis: Redis) -> _Snapshot:
+        self.round_trips = 0
+        if not self._synced:
+            await self.clock.sync(redis)
+            self._synced = True
+        reads = await self._first_trip(redis)
+        await self._discover(redis, reads)
+        self._queues, self._workers = reads.queues, reads.workers
+        known = self._task_queue
+        self._task_queue = {t: known[t] for t in reads.expiring if t in known}
+        return self._snapshot_of(reads)
+
+    async def _first_trip(self, redis: Redis) -> _Reads:
+        """The one pipeline of every scrape, for the queues and workers already known."""
+        window_end = self.clock.now_ms() + self.settings.near_expiration_s * 1000
+        queues, workers = sorted(self._queues), sorted(self._workers)
+        pipe = redis.pipeline(transaction=False)
+        pipe.time()
+        pipe.smembers(keys.QUEUES)
+        pipe.smembers(keys.WORKERS)
+        pipe.zcard(keys.RETRY_SCHEDULE)
+        pipe.xlen(keys.DEAD_LETTER)
+        pipe.zrangebyscore(keys.EXPIRY, "-inf", window_end, start=0, num=self.expiring_cap)
+        _queue_reads(pipe, queues)
+        for wid in workers:
+            pipe.hget(keys.worker(wid), "last_heartbeat_ms")
+        before_ms = time.time() * 1000
+        replies = await _execute(pipe)
+        after_ms = time.time() * 1000
+        self.round_trips += 1
+        redis_time, queue_set, worker_set, scheduled, dlq, expiring = replies[:6]
+        now_ms = int(redis_time[0]) * 1000 + int(redis_time[1]) // 1000
+        self.clock.offset_ms = now_ms - (before_ms + after_ms) / 2
+        rest = replies[6:]
+        split = len(queues) * PER_QUEUE
+        return _Reads(
+            now_ms=now_ms,
+            queues=set(queue_set) | {DEFAULT_QUEUE},
+            workers=set(worker_set),
+            scheduled=int(scheduled),
+            dlq=int(dlq),
+            expiring=[str(t) for t in expiring],
+            counts=_per_queue(queues, rest[:split]),
+            beats=dict(zip(workers, rest[split:], strict=True)),
+        )
+
+    async def _discover(self, redis: Redis, reads: _Reads) -> None:
+        """A second round trip, only for queues, workers or expiring tasks not seen before."""
+        new_queues = sorted(reads.queues - set(reads.counts))
+        new_workers = sorted(reads.workers - set(reads.beats))
+        unknown = [t for t in reads.expiring if t not in self._task_queue]
+        if len(reads.expiring) >= self.expiring_cap and not self._warned_cap:
+            self._warned_cap = True
+            log.warning(
+                "metrics: %d or more tasks expire within %ss: dtq_tasks_near_expiration "
+                "counts the soonest %d",
+                self.expiring_cap,
+                self.settings.near_expiration_s,
+                self.expiring_cap,
+            )
+        if not (new_queues or new_workers or unknown):
+            return
+        pipe = redis.pipeline(transaction=False)
+        _queue_reads(pipe, new_queues)
+        for wid in new_workers:
+            pipe.hget(keys.worker(wid), "last_heartbeat_ms")
+        for tid in unknown:
+            pipe.hget(keys.task(tid), "queue")
+        more = await _execute(pipe)
+        self.round_trips += 1
+        split = len(new_queues) * PER_QUEUE
+        reads.counts.update(_per_queue(new_queues, more[:split]))
+        beats, queues_of = more[split : split + len(new_workers)], more[split + len(new_workers) :]
+        reads.beats.update(zip(new_workers, beats, strict=True))
+        for tid, queue in zip(unknown, queues_of, strict=True):
+            if queue is not None:
+                self._task_queue[tid] = str(queue)
+
+    def _snapshot_of(self, reads: _Reads) -> _Snapshot:
+        snap = _Snapshot(
+            retry_scheduled=reads.scheduled,
+            dlq_depth=reads.dlq,
+            max_queue_depth=self.settings.max_queue_depth,
+        )
+        for q in sorted(reads.queues):
+            replies = reads.counts[q]
+            snap.depth[q] = sum(int(n) for n in replies[0::2] if not isinstance(n, Exception))
+            snap.pending[q] = sum(_pending(p) for p in replies[1::2])
+            snap.near_expiration[q] = 0
+        near = Tally(self._task_queue[t] for t in reads.expiring if t in self._task_queue)
+        for q, n in near.items():
+            snap.near_expiration[q] = snap.near_expiration.get(q, 0) + n
+        limit_ms = STALE_HEARTBEATS * self.settings.heartbeat_interval_s * 1000
+        for wid in reads.workers:
+            beat = _int(reads.beats.get(wid))
+            if beat is not None and reads.now_ms - beat <= limit_ms:
+                snap.workers_active += 1
+            else:
+                snap.workers_stale += 1
+        return snap
+
+    # -- the collector side -----------------------------------------------------------------------
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families(_Snapshot()))
+
+    def collect(self) -> Iterable[Metric]:
+        if self._snapshot is None:
+            return []
+        return list(self._families(self._snapshot))
+
+    @staticmethod
+    def _families(s: _Snapshot) -> Iterator[Metric]:
+        def per_queue(name: str, doc: str, values: dict[str, int]) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=["queue"])
+            for q, v in sorted(values.items()):
+                g.add_metric([q], v)
+            return g
+
+        yield per_queue(
+            "dtq_queue_depth", "Entries in the queue's streams (waiting + in flight)", s.depth
+        )
+        yield per_queue(
+            "dtq_queue_pending", "Entries delivered and not acknowledged (XPENDING)", s.pending
+        )
+        yield per_queue(
+            "dtq_tasks_near_expiration",
+            "Waiting tasks whose deadline is within DTQ_NEAR_EXPIRATION_S",
+            s.near_expiration,
+        )
+        yield GaugeMetricFamily(
+            "dtq_retry_scheduled", "Members of dtq:retry:schedule", value=s.retry_scheduled
+        )
+        yield GaugeMetricFamily("dtq_dlq_depth", "Entries in the DLQ stream", value=s.dlq_depth)
+        yield GaugeMetricFamily(
+            "dtq_workers_active", "Workers with a fresh heartbeat", value=s.workers_active
+        )
+        yield GaugeMetricFamily(
+            "dtq_workers_stale",
+            "Workers still listed whose heartbeat is older than 3 intervals",
+            value=s.workers_stale,
+        )
+        yield GaugeMetricFamily(
+            "dtq_queue_max_depth",
+            "DTQ_MAX_QUEUE_DEPTH of this API (admission limit per queue)",
+            value=s.max_queue_depth,
+        )
+
+
+PER_QUEUE = 2 * len(keys.PRIORITIES)  # replies per queue: XLEN and XPENDING of each stream
+
+
+def _per_queue(queues: Sequence[str], replies: Sequence[Any]) -> dict[str, list[Any]]:
+    return {q: list(replies[i * PER_QUEUE : (i + 1) * PER_QUEUE]) for i, q in enumerate(queues)}
+
+
+def _queue_reads(pipe: Any, queues: Sequence[str]) -> None:
+    for q in queues:
+        for stream in keys.queue_streams(q):
+            pipe.xlen(stream)
+            pipe.xpending(stream, keys.CONSUMER_GROUP)
+
+
+async def _execute(pipe: Any) -> list[Any]:
+    replies: list[Any] = await pipe.execute(raise_on_error=False)
+    for reply in replies:
+        # XPENDING on a stream (or group) that does not exist yet answers an error: that is 0.
+        if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
+            raise reply
+    return replies
+
+
+def _pending(reply: Any) -> int:
+    if isinstance(reply, Exception) or not reply:
+        return 0
+    return int(reply["pending"])
+
+
+def _int(value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return None

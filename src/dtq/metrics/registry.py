@@ -1,0 +1,312 @@
+"""The metric families of a dtq process (:class:`Metrics`), the label rules, the hooks that
+count Redis commands, and the worker's HTTP endpoint (:class:`MetricsServer`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from threading import Thread
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from dtq import keys
+from dtq.config import Settings
+from dtq.metrics.redis_gauges import OpHook, RedisGauges
+from dtq.models import QUEUE_RE, TASK_TYPE_RE
+
+__all__ = [
+    "ATTEMPT_RESULTS",
+    "COMPLETED_STATUSES",
+    "LABEL_NAMES",
+    "OTHER",
+    "REJECT_REASONS",
+    "UNKNOWN",
+    "Metrics",
+    "MetricsServer",
+    "count_commands",
+    "task_labels",
+]
+
+log = logging.getLogger(__name__)
+
+LABEL_NAMES = frozenset(
+    {"queue", "task_type", "status", "result", "worker_id", "operation", "reason"}
+)
+COMPLETED_STATUSES = ("succeeded", "failed", "dead_lettered", "cancelled", "expired")
+ATTEMPT_RESULTS = ("success", "failure", "timeout", "error")
+REJECT_REASONS = {
+    "INVALID_TASK": "invalid_task",
+    "UNKNOWN_TASK_TYPE": "unknown_task_type",
+    "PAYLOAD_TOO_LARGE": "payload_too_large",
+    "QUEUE_FULL": "queue_full",
+    "IDEMPOTENCY_IN_PROGRESS": "idempotency_in_progress",
+}
+OTHER = "(other)"  # an invalid or unregistered name: no queue or task type can be spelt so
+UNKNOWN = "(unknown)"  # the request was refused before its queue could be read
+
+# Seconds. Tasks run from milliseconds to the 1 h timeout cap; waits can be long under backlog.
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    600.0, 1800.0, 3600.0,
+)  # fmt: skip
+RETRY_DELAY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 120.0, 300.0)
+TTL_BUCKETS = (
+    0.0, 1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0, 43200.0,
+    86400.0, 604800.0,
+)  # fmt: skip
+
+
+def _queue(value: str | None) -> str:
+    if value is None:
+        return UNKNOWN
+    return value if QUEUE_RE.fullmatch(value) else OTHER
+
+
+class Metrics:
+    """Every dtq metric family, in ``registry`` (a new one unless given), with the process's
+    own ``process_*`` metrics (CPU, memory, open files; Linux).
+
+    ``known_types``: the task types this process knows (its handler registry); another type is
+    counted as ``(other)``. None accepts any well-formed type name.
+    """
+
+    def __init__(
+        self,
+        *,
+        known_types: Collection[str] | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.known_types = frozenset(known_types) if known_types is not None else None
+        self.redis_gauges: RedisGauges | None = None
+        r = self.registry
+        if registry is None:
+            ProcessCollector(registry=r)
+        qt = ["queue", "task_type"]
+        self.submitted = Counter("dtq_tasks_submitted", "Tasks accepted at ingest", qt, registry=r)
+        self.started = Counter("dtq_tasks_started", "Executions started (RUNNING)", qt, registry=r)
+        self.succeeded = Counter("dtq_tasks_succeeded", "Tasks ended SUCCEEDED", qt, registry=r)
+        self.failed = Counter("dtq_tasks_failed", "Tasks ended FAILED", qt, registry=r)
+        self.retried = Counter(
+            "dtq_tasks_retried", "Retries promoted from the schedule (RETRYING -> QUEUED)", qt,
+            registry=r,
+        )  # fmt: skip
+        self.dead_lettered = Counter(
+            "dtq_tasks_dead_lettered", "Tasks ended DEAD_LETTERED", qt, registry=r
+        )
+        self.completed = Counter(
+            "dtq_tasks_completed", "Tasks that reached a terminal status", [*qt, "status"],
+            registry=r,
+        )  # fmt: skip
+        self.attempts = Counter(
+            "dtq_task_attempts", "Executions ended, by result", [*qt, "result"], registry=r
+        )
+        self.expired = Counter("dtq_tasks_expired", "Tasks ended EXPIRED", qt, registry=r)
+        self.worker_inflight = Gauge(
+            "dtq_worker_inflight", "Tasks running in this worker", ["worker_id"], registry=r
+        )
+        self.worker_tasks = Counter(
+            "dtq_worker_tasks", "Executions ended in this worker, by result",
+            ["worker_id", "task_type", "result"], registry=r,
+        )  # fmt: skip
+        self.duration = Histogram(
+            "dtq_task_duration_seconds", "End to end: created -> terminal finish", qt,
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.execution = Histogram(
+            "dtq_task_execution_seconds", "Handler run time of one execution", qt,
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.wait = Histogram(
+            "dtq_task_wait_seconds", "Created -> first start", qt, buckets=LATENCY_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.retry_delay = Histogram(
+            "dtq_retry_delay_seconds", "Delay of each retry scheduled", qt,
+            buckets=RETRY_DELAY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.ttl = Histogram(
+            "dtq_task_ttl_seconds", "TTL of tasks submitted with a deadline", qt,
+            buckets=TTL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.redis_ops = Counter(
+            "dtq_redis_operations", "Redis script calls and commands", ["operation", "result"],
+            registry=r,
+        )  # fmt: skip
+        self.rejected = Counter(
+            "dtq_ingest_rejected", "Submissions refused", ["queue", "reason"], registry=r
+        )
+        self._per_status = {
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "dead_lettered": self.dead_lettered,
+            "expired": self.expired,
+        }
+
+    # -- label values ---------------------------------------------------------------------------
+
+    def task_type(self, value: str | None) -> str:
+        if not value or not TASK_TYPE_RE.fullmatch(value):
+            return OTHER
+        if self.known_types is not None and value not in self.known_types:
+            return OTHER
+        return value
+
+    def _qt(self, queue: str | None, task_type: str | None) -> dict[str, str]:
+        return {"queue": _queue(queue), "task_type": self.task_type(task_type)}
+
+    # -- what happened --------------------------------------------------------------------------
+
+    def task_submitted(self, queue: str, task_type: str, ttl_s: float | None = None) -> None:
+        labels = self._qt(queue, task_type)
+        self.submitted.labels(**labels).inc()
+        if ttl_s is not None:
+            self.ttl.labels(**labels).observe(max(0.0, ttl_s))
+
+    def ingest_rejected(self, queue: str | None, code: str) -> None:
+        """A submission refused with error ``code``; codes that are not a refusal of the
+        submission itself (e.g. Redis unavailable) are not counted."""
+        reason = REJECT_REASONS.get(code)
+        if reason is not None:
+            self.rejected.labels(queue=_queue(queue), reason=reason).inc()
+
+    def task_started(self, queue: str, task_type: str, wait_s: float | None = None) -> None:
+        labels = self._qt(queue, task_type)
+        self.started.labels(**labels).inc()
+        if wait_s is not None:
+            self.wait.labels(**labels).observe(max(0.0, wait_s))
+
+    def attempt_ended(
+        self,
+        queue: str,
+        task_type: str,
+        worker_id: str,
+        result: str,
+        execution_s: float | None = None,
+    ) -> None:
+        if result not in ATTEMPT_RESULTS:
+            raise ValueError(f"unknown attempt result {result!r}")
+        labels = self._qt(queue, task_type)
+        self.attempts.labels(**labels, result=result).inc()
+        self.worker_tasks.labels(
+            worker_id=worker_id, task_type=labels["task_type"], result=result
+        ).inc()
+        if execution_s is not None:
+            self.execution.labels(**labels).observe(max(0.0, execution_s))
+
+    def task_completed(
+        self, queue: str, task_type: str, status: str, duration_s: float | None = None
+    ) -> None:
+        """A terminal status was recorded (by whoever recorded it)."""
+        if status not in COMPLETED_STATUSES:
+            raise ValueError(f"not a terminal status: {status!r}")
+        labels = self._qt(queue, task_type)
+        self.completed.labels(**labels, status=status).inc()
+        per_status = self._per_status.get(status)
+        if per_status is not None:
+            per_status.labels(**labels).inc()
+        if duration_s is not None:
+            self.duration.labels(**labels).observe(max(0.0, duration_s))
+
+    async def task_completed_by_id(self, redis: Redis, task_id: str, status: str) -> None:
+        """A terminal status this process recorded for a task it knows only by id (API cancel
+        and expire). A failure to read its labels is logged, never raised: the change is made."""
+        try:
+            labels = (await task_labels(redis, [task_id])).get(task_id)
+        except (RedisError, OSError) as exc:
+            log.warning("metrics: %s of task %s not counted: %s", status, task_id, exc)
+            return
+        if labels is not None:
+            self.task_completed(*labels, status)
+
+    def retry_scheduled(self, queue: str, task_type: str, delay_s: float) -> None:
+        self.retry_delay.labels(**self._qt(queue, task_type)).observe(max(0.0, delay_s))
+
+    def task_retried(self, queue: str, task_type: str) -> None:
+        self.retried.labels(**self._qt(queue, task_type)).inc()
+
+    def redis_op(self, operation: str, ok: bool) -> None:
+        self.redis_ops.labels(operation=operation, result="ok" if ok else "error").inc()
+
+    def script_call(self, name: str, ok: bool) -> None:
+        """The ``on_call`` hook of :class:`dtq.scripts.Scripts`."""
+        self.redis_op(f"script:{name}", ok)
+
+    def track_inflight(self, worker_id: str, count: Callable[[], int]) -> None:
+        self.worker_inflight.labels(worker_id=worker_id).set_function(lambda: float(count()))
+
+    # -- the API's Redis-derived gauges ---------------------------------------------------------
+
+    def add_redis_gauges(self, settings: Settings) -> RedisGauges:
+        """Register the scrape-time Redis gauges (once); :meth:`refresh` before each scrape."""
+        if self.redis_gauges is None:
+            self.redis_gauges = RedisGauges(settings, on_op=self.redis_op)
+            self.registry.register(self.redis_gauges)
+        return self.redis_gauges
+
+    async def refresh(self, redis: Redis) -> None:
+        if self.redis_gauges is not None:
+            await self.redis_gauges.refresh(redis)
+
+
+def count_commands(redis: Redis, hook: OpHook) -> None:
+    """Report every command this client sends on its own (not in a pipeline) to ``hook`` as
+    ``(lower-case command name, ok)``. Pipelines are not reported per command; the scripts
+    they carry are, by :class:`dtq.scripts.Scripts`."""
+    original: Callable[..., Awaitable[Any]] = redis.execute_command
+
+    async def execute_command(*args: Any, **options: Any) -> Any:
+        name = str(args[0]).lower() if args else "unknown"
+        try:
+            reply = await original(*args, **options)
+        except (RedisError, OSError):
+            hook(name, False)
+            raise
+        hook(name, True)
+        return reply
+
+    redis.execute_command = execute_command  # type: ignore[method-assign]
+
+
+async def task_labels(redis: Redis, task_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """(queue, task_type) of each task whose hash still exists, in one round trip."""
+    if not task_ids:
+        return {}
+    pipe = redis.pipeline(transaction=False)
+    for tid in task_ids:
+        pipe.hmget(keys.task(tid), "queue", "task_type")
+    out = {}
+    for tid, (queue, task_type) in zip(task_ids, await pipe.execute(), strict=True):
+        if queue is not None:
+            out[tid] = (str(queue), str(task_type or ""))
+    return out
+
+
+class MetricsServer:
+    """``/metrics`` of one registry on ``host:port`` (prometheus_client's threaded server)."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        self._httpd: WSGIServer
+        self._thread: Thread
+        self._httpd, self._thread = start_http_server(port, host, registry)
+        self.host = host
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_port)
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
