@@ -75,7 +75,7 @@ class Result:
             doc["met"] = self.met
         if self.note:
             doc["note"] = self.note
-        return json.dumps(doc, separators=(", ", ": "))
+        return json.dumps(doc, separators=(", ", ": "), allow_nan=False)
 
     def headline(self) -> str:
         if self.status != "ok":
@@ -99,7 +99,9 @@ def skipped(scenario: str, reason: str) -> Result:
 def _rounded(d: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
-        if isinstance(v, float):
+        if isinstance(v, float) and not math.isfinite(v):
+            out[k] = None  # JSON has no NaN
+        elif isinstance(v, float):
             out[k] = round(v, 4 if abs(v) < 10 else 1)
         elif isinstance(v, dict):
             out[k] = _rounded(v)
