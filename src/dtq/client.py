@@ -42,7 +42,7 @@ from dtq.models import (
     ttl_delta_seconds,
 )
 from dtq.scripts import Scripts
-from dtq.store import Store, ms_to_dt
+from dtq.store import RECENT_CAP, Store, ms_to_dt
 
 __all__ = ["Audit", "Queue", "SyncQueue", "connect", "connect_sync"]
 
@@ -210,7 +210,13 @@ class Queue:
         task_type: str | None = None,
         limit: int = 50,
     ) -> builtins.list[Task]:
-        st = TaskStatus(status) if status is not None else None
+        try:
+            st = TaskStatus(status) if status is not None else None
+        except ValueError:
+            valid = ", ".join(s.value for s in TaskStatus)
+            raise InvalidTaskError(f"status {status!r} is not one of {valid}") from None
+        if not 1 <= limit <= RECENT_CAP:
+            raise InvalidTaskError(f"limit must be between 1 and {RECENT_CAP}, not {limit}")
         return await self.store.list(queue=queue, status=st, task_type=task_type, limit=limit)
 
     @_redis_errors

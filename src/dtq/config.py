@@ -7,6 +7,10 @@ message is one line naming the variable, the value and the rule.
 
 from __future__ import annotations
 
+import difflib
+import logging
+import os
+from collections.abc import Mapping
 from typing import Annotated, Any, Self
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -14,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dtq.errors import ConfigError
 
-__all__ = ["MAX_TIMEOUT_MS", "Settings", "load_settings"]
+__all__ = ["MAX_TIMEOUT_MS", "Settings", "load_settings", "unknown_variables"]
 
 MAX_TIMEOUT_MS = 3_600_000
 
@@ -115,11 +119,35 @@ class Settings(BaseSettings):
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Build the settings from the environment (and overrides); one-line ConfigError if invalid."""
+    """Build the settings from the environment (and overrides); one-line ConfigError if invalid.
+
+    A ``DTQ_`` variable that is no setting is most likely misspelt: it is named in a warning
+    (with the closest setting) instead of being dropped in silence.
+    """
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
     except ValidationError as exc:
         raise ConfigError(_one_line(exc)) from None
+    for line in unknown_variables(os.environ):
+        logging.getLogger("dtq.config").warning(line)
+    return settings
+
+
+# DTQ_ variables read by dtq's own tools, not settings of a running dtq.
+_NOT_SETTINGS = frozenset({"DTQ_TEST_REDIS_URL", "DTQ_CHAOS_SEED", "DTQ_CHAOS_FULL"})
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One warning line per ``DTQ_*`` variable that names no setting."""
+    known = {f"DTQ_{name.upper()}" for name in Settings.model_fields}
+    lines = []
+    for name in sorted(environ):
+        if not name.startswith("DTQ_") or name in known or name in _NOT_SETTINGS:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        lines.append(f"{name} is not a dtq setting and is ignored{hint}")
+    return lines
 
 
 def _one_line(exc: ValidationError) -> str:

@@ -345,3 +345,11 @@ def test_sync_queue_unreachable() -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
     with pytest.raises(RedisUnavailableError, match=url):
         connect_sync(url)
+
+
+async def test_list_refuses_an_unknown_status_and_a_bad_limit(queue: Queue) -> None:
+    with pytest.raises(InvalidTaskError, match="status 'bogus' is not one of"):
+        await queue.list(status="bogus")
+    for limit in (0, -1, 10_001):
+        with pytest.raises(InvalidTaskError, match="limit must be between 1 and 10000"):
+            await queue.list(limit=limit)

@@ -229,3 +229,24 @@ def test_redis_url_password_not_shown(monkeypatch: pytest.MonkeyPatch) -> None:
         load_settings()
     assert "s3cret" not in str(exc.value)
     assert "DTQ_REDIS_URL='http://***@redis.internal:6379/0'" in str(exc.value)
+
+
+def test_a_misspelt_variable_is_named_with_the_closest_setting() -> None:
+    from dtq.config import unknown_variables
+
+    lines = unknown_variables(
+        {"DTQ_WORKER_CONCURENCY": "8", "DTQ_REDIS_URL": "redis://x", "PATH": "/bin"}
+    )
+    assert lines == [
+        "DTQ_WORKER_CONCURENCY is not a dtq setting and is ignored "
+        "(did you mean DTQ_WORKER_CONCURRENCY?)"
+    ]
+
+
+def test_load_settings_warns_about_a_misspelt_variable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("DTQ_VISIBILITY_TIMEOUT", "5")
+    with caplog.at_level("WARNING", logger="dtq.config"):
+        load_settings()
+    assert any("DTQ_VISIBILITY_TIMEOUT is not a dtq setting" in r.message for r in caplog.records)
