@@ -22,9 +22,14 @@ CORE_MODULES = [
     "dtq.errors",
     "dtq.events",
     "dtq.keys",
+    "dtq.log",
+    "dtq.metrics",
     "dtq.models",
+    "dtq.retry",
     "dtq.scripts",
     "dtq.store",
+    "dtq.views",
+    "dtq_tasks",
 ]
 
 

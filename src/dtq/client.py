@@ -30,19 +30,10 @@ from dtq.admin import Audit
 from dtq.clock import redis_time_ms
 from dtq.config import Settings, load_settings
 from dtq.errors import ConfigError, DtqError, InvalidTaskError, RedisUnavailableError
-from dtq.models import (
-    AuditEntry,
-    DeadLetter,
-    HistoryEntry,
-    QueueStats,
-    SubmitRequest,
-    Task,
-    TaskStatus,
-    WorkerInfo,
-    ttl_delta_seconds,
-)
+from dtq.models import HistoryEntry, SubmitRequest, Task, TaskStatus, ttl_delta_seconds
 from dtq.scripts import Scripts
 from dtq.store import RECENT_CAP, Store, ms_to_dt
+from dtq.views import AuditEntry, DeadLetter, QueueStats, WorkerInfo
 
 __all__ = ["Audit", "Queue", "SyncQueue", "connect", "connect_sync"]
 

@@ -23,8 +23,9 @@ from dtq.admin._common import (
     stream_rows,
 )
 from dtq.errors import InvalidTransitionError, NotInDeadLetterError, TaskNotFoundError
-from dtq.models import DeadLetter, Task, TaskStatus, compact_json
+from dtq.models import Task, TaskStatus, compact_json
 from dtq.store import Store, new_id
+from dtq.views import DeadLetter
 
 __all__ = ["dlq_discard", "dlq_get", "dlq_list", "dlq_purge", "dlq_requeue"]
 

@@ -16,8 +16,8 @@ from redis.exceptions import ResponseError
 from dtq import keys
 from dtq.admin._common import LIST_CAP, SCAN_CHUNK, STALE_HEARTBEATS, check_queue, stream_rows
 from dtq.errors import WorkerNotFoundError
-from dtq.models import AuditEntry, QueueStats, WorkerInfo
 from dtq.store import Store
+from dtq.views import AuditEntry, QueueStats, WorkerInfo
 
 __all__ = ["all_queue_stats", "audit_log", "queue_stats", "worker", "workers"]
 

@@ -14,7 +14,8 @@ from dtq.api.auth import RequireOperator
 from dtq.api.deps import State, check_task_id, check_worker_id
 from dtq.api.errors import responses
 from dtq.errors import NotInDeadLetterError, TaskNotFoundError
-from dtq.models import QUEUE_RE, AuditEntry, DeadLetter, QueueStats, Task, WorkerInfo
+from dtq.models import QUEUE_RE, Task
+from dtq.views import AuditEntry, DeadLetter, QueueStats, WorkerInfo
 
 __all__ = [
     "AuditLog",
