@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
-from bench.harness import NOOP_TASK, PAYLOAD_100B, Env, Result
+from bench.harness import NOOP_TASK, PAYLOAD_100B, REFERENCE, Env, Result
 from dtq import Queue
 
 CONCURRENT = 32
@@ -42,6 +43,21 @@ async def _many(q: Queue, n: int, batch: int) -> float:
     return done / (time.perf_counter() - t)
 
 
+def _target(env: Env, rate: float, goal: float | None) -> dict[str, Any]:
+    """Issue 8's absolute target, judged as a ratio to this run's pipelined XADD (the target
+    over the reference machine's 120k/s), so a slower or busier machine is judged fairly."""
+    if goal is None:
+        return {}
+    share = goal / REFERENCE["xadd"]
+    xadd = env.baseline.get("xadd")
+    if not xadd:
+        return {"target": f">= {goal:,}/s", "met": rate >= goal}
+    return {
+        "target": f">= {goal:,}/s on the reference machine = {share:.1%} of xadd",
+        "met": rate / xadd >= share,
+    }
+
+
 def _ratios(env: Env, rate: float) -> dict[str, float]:
     xadd = env.baseline.get("xadd")
     return {"xadd": rate / xadd} if xadd else {}
@@ -50,16 +66,16 @@ def _ratios(env: Env, rate: float) -> dict[str, float]:
 async def run(env: Env) -> list[Result]:
     out: list[Result] = []
     cases = [
-        ("enqueue.submit_single", lambda q: _single(q, env.n(5_000, 200)), ">= 5,000/s",
+        ("enqueue.submit_single", lambda q: _single(q, env.n(5_000, 200)),
          5_000, "one awaited submit at a time"),
         ("enqueue.submit_concurrent32", lambda q: _concurrent(q, env.n(10_000, 320)),
-         ">= 15,000/s", 15_000, f"{CONCURRENT} concurrent submit loops, one process"),
+         15_000, f"{CONCURRENT} concurrent submit loops, one process"),
         ("enqueue.submit_many_100", lambda q: _many(q, env.n(20_000, 500), 100),
-         ">= 25,000/s", 25_000, "submit_many, batches of 100"),
-        ("enqueue.submit_many_1000", lambda q: _many(q, env.n(20_000, 1_000), 1_000), "",
+         25_000, "submit_many, batches of 100"),
+        ("enqueue.submit_many_1000", lambda q: _many(q, env.n(20_000, 1_000), 1_000),
          None, "submit_many, batches of 1,000"),
     ]  # fmt: skip
-    for name, fn, target, goal, note in cases:
+    for name, fn, goal, note in cases:
         await env.flush()
         q = await env.queue()
         try:
@@ -76,9 +92,8 @@ async def run(env: Env) -> list[Result]:
                 unit="tasks/s",
                 values={"rate": rate},
                 ratios=_ratios(env, rate),
-                target=target,
-                met=None if goal is None else rate >= goal,
                 note=f"{note}; 100-byte payload",
+                **_target(env, rate, goal),
             )
         )
     await env.flush()

@@ -39,7 +39,7 @@ def _scheduler_missing() -> str:
 async def _fill_expiring(env: Env, q: Queue, r: Redis, n: int, extra_s: float) -> int:
     """Queue ``n`` delayed tasks (due in an hour) that all expire at one moment, after they are
     all submitted plus ``extra_s``; returns that moment (Redis clock, ms)."""
-    margin_s = n / max(env.enqueue_rate, 1000) * 1.5 + (0.5 if env.quick else 2) + extra_s
+    margin_s = n / max(env.enqueue_rate, 1000) * 3 + (0.5 if env.quick else 3) + extra_s
     deadline_ms = await redis_now_ms(r) + int(margin_s * 1000)
     await env.fill(q, n, NOOP_TASK, delay_seconds=3600, expires_at=ms_to_dt(deadline_ms))
     return deadline_ms
