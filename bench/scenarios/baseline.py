@@ -54,19 +54,41 @@ async def _consume(r: Redis, n: int, *, hset: bool) -> float:
     return done / (time.perf_counter() - t)
 
 
-async def run(env: Env) -> list[Result]:
-    n = env.n(20_000, 2_000)
-    await env.flush()
+async def measure(env: Env, n: int) -> dict[str, float]:
+    """The three loops on ``n`` entries each; the figures also become ``env.baseline``, which
+    the next scenarios' ratios use. The bench keys are deleted afterwards; dtq's are untouched.
+    """
     r = await env.redis()
     try:
         xadd = await _fill(r, n)
         ack = await _consume(r, n, hset=False)
         await _fill(r, n)
         ack_hset = await _consume(r, n, hset=True)
+        await r.delete(STREAM, *[f"bench:h:t{i}" for i in range(n)])
     finally:
         await r.aclose()
-        await env.flush()
-    env.baseline.update(xadd=xadd, consume_ack=ack, consume_ack_hset=ack_hset)
+    figures = {"xadd": xadd, "consume_ack": ack, "consume_ack_hset": ack_hset}
+    env.baseline.update(figures)
+    return figures
+
+
+async def refresh(env: Env) -> str:
+    """Measure the baseline again just before a scenario, so its ratios compare figures taken
+    under the same load (a shared machine's load drifts within a run); returns a note."""
+    n = env.n(10_000, 1_000)
+    b = await measure(env, n)
+    return (
+        f"ratios to a baseline taken just before: xadd {b['xadd']:,.0f}/s, consume+ack "
+        f"{b['consume_ack']:,.0f}/s, +hset {b['consume_ack_hset']:,.0f}/s"
+    )
+
+
+async def run(env: Env) -> list[Result]:
+    n = env.n(20_000, 2_000)
+    await env.flush()
+    b = await measure(env, n)
+    await env.flush()
+    xadd, ack, ack_hset = b["xadd"], b["consume_ack"], b["consume_ack_hset"]
     note = f"{n:,} entries, one asyncio process, redis-py + hiredis"
     return [
         Result("baseline.xadd_pipelined", figure="rate", unit="/s", values={"rate": xadd, "n": n},

@@ -2,12 +2,14 @@
 
 Tasks/s from the first completion to the last (``finished_at``, Redis clock) and from the
 worker's spawn; also with a handler that does one Redis RPUSH per task. In a full run a short
-sweep picks the best ``--concurrency`` first. Ratios are to the raw consume+ack loops.
+sweep picks the best ``--concurrency`` first. Ratios are to the raw consume+ack loops, measured
+again just before (``baseline.refresh``).
 """
 
 from __future__ import annotations
 
 from bench.harness import NOOP_TASK, RPUSH_KEY, RPUSH_TASK, Env, Result, skipped
+from bench.scenarios import baseline
 from bench.workers import DEFAULT_CONCURRENCY, WorkerCli, drain, find_worker
 
 SWEEP = (32, 128, 512)
@@ -41,6 +43,8 @@ async def run(env: Env) -> list[Result]:
     cli = find_worker()
     if isinstance(cli, str):
         return [skipped("drain.noop", cli), skipped("drain.rpush", cli)]
+    await env.flush()
+    await baseline.refresh(env)
     sweep: dict[str, float] = {}
     conc = DEFAULT_CONCURRENCY
     if not env.quick:
@@ -68,6 +72,7 @@ async def run(env: Env) -> list[Result]:
             "rate_from_start": res.rate_from_start,
             "wall_s": res.wall_s,
             "concurrency": conc,
+            "baseline_consume_ack": env.baseline.get("consume_ack", 0.0),
         }
         if sweep and task_type == NOOP_TASK:
             values["concurrency_sweep_5k"] = sweep

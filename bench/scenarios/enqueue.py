@@ -1,5 +1,6 @@
 """Enqueue through the SDK: one awaited submit at a time, 32 concurrent submits, submit_many in
-batches of 100 and 1,000. Every figure is also a ratio to the raw pipelined XADD of the run.
+batches of 100 and 1,000. Every figure is also a ratio to the raw pipelined XADD, measured again
+just before (``baseline.refresh``).
 (HTTP enqueue is :mod:`bench.scenarios.http`.)"""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import time
 from typing import Any
 
 from bench.harness import NOOP_TASK, PAYLOAD_100B, REFERENCE, Env, Result
+from bench.scenarios import baseline
 from dtq import Queue
 
 CONCURRENT = 32
@@ -75,6 +77,8 @@ async def run(env: Env) -> list[Result]:
         ("enqueue.submit_many_1000", lambda q: _many(q, env.n(20_000, 1_000), 1_000),
          None, "submit_many, batches of 1,000"),
     ]  # fmt: skip
+    await env.flush()
+    await baseline.refresh(env)
     for name, fn, goal, note in cases:
         await env.flush()
         q = await env.queue()
@@ -90,7 +94,7 @@ async def run(env: Env) -> list[Result]:
                 name,
                 figure="rate",
                 unit="tasks/s",
-                values={"rate": rate},
+                values={"rate": rate, "baseline_xadd": env.baseline.get("xadd", 0.0)},
                 ratios=_ratios(env, rate),
                 note=f"{note}; 100-byte payload",
                 **_target(env, rate, goal),
