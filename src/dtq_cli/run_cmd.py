@@ -192,7 +192,10 @@ class DevStack:
 
 
 def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when a server can listen on the port. SO_REUSEADDR as uvicorn and redis-server set
+    it: connections of a stopped server still in TIME_WAIT do not make the port busy."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
