@@ -100,17 +100,19 @@ def skipped(scenario: str, reason: str) -> Result:
 
 
 def _rounded(d: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, float) and not math.isfinite(v):
-            out[k] = None  # JSON has no NaN
-        elif isinstance(v, float):
-            out[k] = round(v, 4 if abs(v) < 10 else 1)
-        elif isinstance(v, dict):
-            out[k] = _rounded(v)
-        else:
-            out[k] = v
-    return out
+    return {k: _round(v) for k, v in d.items()}
+
+
+def _round(v: Any) -> Any:
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return None  # JSON has no NaN
+        return round(v, 4 if abs(v) < 10 else 1)
+    if isinstance(v, dict):
+        return _rounded(v)
+    if isinstance(v, list | tuple):
+        return [_round(x) for x in v]
+    return v
 
 
 def _fmt(v: Any) -> str:
