@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from redis.exceptions import RedisError
 
 from dtq import __version__, client
-from dtq.api import routes_admin, routes_ops, routes_tasks
+from dtq.api import dashboard, routes_admin, routes_ops, routes_tasks
 from dtq.api.deps import ApiState
 from dtq.api.errors import install_error_handlers
 from dtq.api.limits import BodyLimitMiddleware, RequestIdMiddleware, max_body_bytes
@@ -124,6 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes_tasks.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_ops.router)
+    app.include_router(dashboard.router)
 
     async def events(websocket: WebSocket) -> None:
         if state.hub is None:
