@@ -388,24 +388,26 @@ async def test_live_updates_reconnect_by_themselves_after_an_api_restart(
 
 # -- the screenshot of the docs -------------------------------------------------------------------
 
+SCREENSHOT = os.environ.get("DTQ_DASHBOARD_SCREENSHOT")
+WORKLOAD_S = float(os.environ.get("DTQ_DASHBOARD_SCREENSHOT_S", "75")) if SCREENSHOT else 3.0
 
+
+@pytest.mark.timeout(120 + WORKLOAD_S, func_only=True)
 async def test_overview_under_a_live_workload(
     chrome: Browser, server: ApiServer, queue: Queue, dash_settings: Settings, tmp_path: Path
 ) -> None:
-    target = os.environ.get("DTQ_DASHBOARD_SCREENSHOT")
-    seconds = float(os.environ.get("DTQ_DASHBOARD_SCREENSHOT_S", "75")) if target else 3.0
     async with (
         watched_page(chrome, width=1280, height=860) as ui,
         running_worker(dash_settings, queues=("default", "emails", "reports")),
     ):
         await open_dashboard(ui, server)
-        submitted = await workload(queue, seconds)
+        submitted = await workload(queue, WORKLOAD_S)
         assert submitted > 0
         await expect(ui.page.locator('[data-testid="queues"] tr[data-queue]')).to_have_count(3)
         bars = ui.page.locator('[data-testid="throughput-chart"] rect.bar-ok')
         await expect(bars.first).to_be_visible(timeout=SECONDS)
         await expect(ui.page.locator('[data-testid="workers"] tr[data-worker]')).to_have_count(1)
-        path = Path(target) if target else tmp_path / "dashboard.png"
+        path = Path(SCREENSHOT) if SCREENSHOT else tmp_path / "dashboard.png"
         await ui.page.screenshot(path=str(path), full_page=True)
         assert path.stat().st_size > 10_000
         assert not ui.problems(), ui.problems()

@@ -123,7 +123,6 @@ async def dashboard_config(state: State) -> JSONResponse:
         "version": __version__,
         "ws_path": state.settings.ws_path,
         "auth_required": bool(state.settings.api_key),
-        "heartbeat_interval_s": state.settings.heartbeat_interval_s,
     }
     return JSONResponse(config, headers={**SECURITY_HEADERS, "Cache-Control": "no-store"})
 

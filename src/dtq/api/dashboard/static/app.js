@@ -21,7 +21,12 @@ function route() {
   const raw = location.hash.replace(/^#/, "") || "/";
   const [path, query] = raw.split("?", 2);
   const params = new URLSearchParams(query || "");
-  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  let parts;
+  try {
+    parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  } catch {
+    return { name: "overview" }; // a malformed address
+  }
   if (parts[0] === "tasks") return { name: "tasks", params };
   if (parts[0] === "task" && parts[1]) return { name: "task", id: parts[1] };
   if (parts[0] === "dlq") return { name: "dlq" };

@@ -23,6 +23,7 @@ export function confirmDialog({ title, body, confirmLabel = "Confirm" }) {
   const form = document.getElementById("confirm-form");
   const keyField = document.getElementById("confirm-key");
   const keyInput = document.getElementById("confirm-key-input");
+  if (dialog.open) return Promise.resolve(false); // one question at a time
   const ok = document.getElementById("confirm-ok");
   const back = document.getElementById("confirm-cancel");
   fill(document.getElementById("confirm-title"), title);
