@@ -62,7 +62,7 @@ def ensure_chromium() -> str:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     steps = [
         ([apt, "update"], APT_UPDATE_TIMEOUT_S),
-        ([apt, "install", "-y", "--no-install-recommends", "chromium"], APT_INSTALL_TIMEOUT_S),
+        ([apt, "install", "-y", "chromium"], APT_INSTALL_TIMEOUT_S),
     ]
     for argv, timeout_s in steps:
         try:

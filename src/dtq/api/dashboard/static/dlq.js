@@ -65,7 +65,7 @@ export function deadLettersView(root) {
       h("td", {}, clock(d.failed_at)),
       h("td", { class: "num" }, `${d.attempts_made} / ${d.max_attempts}`),
       error,
-      h("td", { class: "row-actions" }, requeue, discard));
+      h("td", {}, h("div", { class: "row-actions" }, requeue, discard)));
     return {
       row: tr,
       update(next) {

@@ -234,7 +234,9 @@ export function taskView(root, shared, id) {
   function fieldText(key, value) {
     if (value === null || value === undefined) return "null";
     if (typeof value === "object") return JSON.stringify(value);
-    if (typeof value === "string" && /_at$/.test(key)) return `${value}  (${clock(value)}, ${relative(value, serverNow())})`;
+    if (typeof value === "string" && /_at$/.test(key)) {
+      return [value, h("div", { class: "when" }, `${clock(value)} local · ${relative(value, serverNow())}`)];
+    }
     return String(value);
   }
 
