@@ -59,11 +59,13 @@ async def _sweep(env: Env, n: int) -> list[Result]:
 
     out: list[Result] = []
     for how in ("scheduler", "sweep_expired"):
+        # The sweep's own cost per task needs no 100,000: a fifth of them measures it.
+        count = n if how == "scheduler" else max(n // 5, 100)
         await env.flush()
         q = await env.queue()
         r = await env.redis()
         try:
-            deadline_ms = await _fill_expiring(env, q, r, n, extra_s=0)
+            deadline_ms = await _fill_expiring(env, q, r, count, extra_s=0)
             indexed = await r.zcard(keys.EXPIRY)
             await _wait_for(r, deadline_ms + 5)
             sched = Scheduler(q.store, env.settings, "bench-sweeper")
@@ -86,12 +88,12 @@ async def _sweep(env: Env, n: int) -> list[Result]:
         expired = indexed - left
         rate = expired / elapsed if elapsed else 0.0
         values = {"seconds": elapsed, "rate": rate, "expired": expired, "left": left,
-                  "calls": calls, "n": n}  # fmt: skip
+                  "calls": calls, "n": count}  # fmt: skip
         if how == "scheduler":
             out.append(Result(
                 "expiration.sweep",
                 figure="seconds", unit="s", values=values,
-                target=f"{n:,} within 30 s" if not env.quick else "",
+                target=f"{count:,} within 30 s" if not env.quick else "",
                 met=(left == 0 and elapsed <= 30) if not env.quick else None,
                 note=f"{expired:,} delayed tasks expired at once, swept by Scheduler.tick() in "
                 f"a loop ({calls:,} ticks, {rate:,.0f} tasks/s)"
