@@ -1,6 +1,12 @@
 -- start.lua: the pre-execution checks of one delivered stream entry, then RUNNING
 -- (contract section 6, DESIGN 3, 4, 6). One call per entry, pipelined per read batch.
--- In this order:
+-- Fencing first, as in finish.lua: the entry must be pending for this consumer (XPENDING on
+-- that one id). Otherwise another worker reclaimed it while this one stalled between its read
+-- and this script (or it was acknowledged meanwhile): nothing is written or acknowledged, so a
+-- resumed zombie can never take over, cancel or dead-letter a task another worker runs.
+--                                                                  {"fenced", "owner:<id>" |
+--                                                                   "not_pending"}
+-- Then, in this order:
 --   1. no task hash                           -> XACK + XDEL                   {"missing"}
 --   2. terminal status (cancelled included)   -> XACK + XDEL, SREM cancelled   {"cancelled"} |
 --                                                                             {"terminal", status}
@@ -16,7 +22,8 @@
 --   6. queued with expires_at_ms <= now (Redis TIME) -> EXPIRED, XACK + XDEL, expiry member
 --      removed, idempotency failed, TASK_EXPIRED                               {"expired"}
 --   7. otherwise RUNNING: attempt = hash attempt + 1, started_at, worker_id, expiry member
---      removed (a started task never expires), history, TASK_STARTED.
+--      removed (a started task never expires), history, TASK_STARTED; the lease is renewed
+--      (XCLAIM IDLE 0 JUSTID), so it runs a full visibility timeout from started_ms.
 --      {"run", attempt, max_attempts, timeout_ms, expires_at_ms or "", created_ms, started_ms}
 --
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = the entry's stream
@@ -33,6 +40,10 @@ local function consume()
   redis.call('XACK', KEYS[3], group, entry_id)
   redis.call('XDEL', KEYS[3], entry_id)
 end
+
+local p = redis.call('XPENDING', KEYS[3], group, entry_id, entry_id, 1)
+if #p == 0 then return {'fenced', 'not_pending'} end
+if p[1][2] ~= worker then return {'fenced', 'owner:' .. p[1][2]} end
 
 -- HMGET gives false for a missing field.
 local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'attempt', 'max_attempts',
@@ -135,6 +146,7 @@ redis.call('HDEL', KEYS[1], 'finished_at', 'duration_ms', 'error_class', 'error_
   'retryable')
 redis.call('EXPIRE', KEYS[1], retention)
 redis.call('ZREM', KEYS[5], task_id)
+redis.call('XCLAIM', KEYS[3], group, worker, 0, entry_id, 'IDLE', 0, 'JUSTID')
 local reason = status == 'running' and 'redelivered' or 'started'
 hist(KEYS[2], retention, ts, status, 'running', attempt, worker, reason)
 emit(ARGV[7], ARGV[8], ts, 'TASK_STARTED', task_id, queue, task_type, attempt, worker,

@@ -20,7 +20,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -36,12 +36,16 @@ from dtq.store import Store, ms_to_dt
 from dtq.worker.protocol import Entry, Outcome, StartReply
 from dtq_tasks import Handler, RescheduleError, TaskContext
 
-__all__ = ["Execution", "Finisher", "ThreadRunner", "run_handler"]
+__all__ = ["Execution", "Finisher", "LeaseLostError", "ThreadRunner", "run_handler"]
 
 log = logging.getLogger(__name__)
 
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
 FINISH_BATCH_MAX = 512
+
+
+class LeaseLostError(Exception):
+    """The entry's lease was taken over before its handler started: it must not run here."""
 
 
 @dataclass(eq=False)
@@ -61,6 +65,8 @@ class Execution:
     finishing: bool = False
     holds: set[str] = field(default_factory=lambda: {"execution"})
     on_release: Callable[[], None] | None = None
+    # Awaited right before the handler is called; False: the lease is gone, do not run it.
+    lease_check: Callable[[Execution], Awaitable[bool]] | None = None
 
     @property
     def attempt(self) -> int:
@@ -70,8 +76,10 @@ class Execution:
         """Stop the handler (not the bookkeeping); False when it is past that point."""
         if self.finishing or self.cancel_reason is not None:
             return False
+        if self.handler_task is not None and self.handler_task.done():
+            return False  # the handler has ended: its outcome is about to be recorded
         self.cancel_reason = reason
-        if self.handler_task is not None and not self.handler_task.done():
+        if self.handler_task is not None:
             self.handler_task.cancel()
         return True
 
@@ -158,6 +166,10 @@ async def _call_handler(
     ex: Execution,
     threads: ThreadRunner,
 ) -> Any:
+    # Nothing is awaited between a passed check and the handler's first line (a failed or
+    # slow check is the only await), so a pause of the process cannot fall in between.
+    if ex.lease_check is not None and not await ex.lease_check(ex):
+        raise LeaseLostError
     if handler.is_async:
         async with asyncio.timeout(timeout_s):
             return await handler.fn(payload, ctx)
@@ -230,6 +242,9 @@ async def run_handler(
             raise
         # The handler cancelled itself: an error like any other (permanent).
         return _failure(asyncio.CancelledError("handler was cancelled"), start, settings, rng, t0)
+    except LeaseLostError:
+        ex.cancel_reason = "lost"
+        return None
     except RescheduleError as exc:
         extend = exc.extend_expiration_seconds
         return Outcome(

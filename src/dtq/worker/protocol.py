@@ -82,8 +82,9 @@ def parse_read(
 
 @dataclass(frozen=True)
 class StartReply:
-    """start.lua's answer. ``kind`` is run, missing, terminal, cancelled, duplicate, expired or
-    dead; the numbers are set for ``run``."""
+    """start.lua's answer. ``kind`` is run, missing, terminal, cancelled, duplicate, expired,
+    dead or fenced (the entry is not pending for this worker); the numbers are set for
+    ``run``."""
 
     kind: str
     detail: str = ""

@@ -43,7 +43,7 @@ from dtq.worker.connection import worker_redis
 from dtq.worker.executor import Execution, Finisher, ThreadRunner, run_handler
 from dtq.worker.heartbeat import Heartbeat
 from dtq.worker.intake import BLOCK_MS, READ_BATCH, Capacity, Intake
-from dtq.worker.protocol import Entry, Outcome, StartReply, finish_call, start_call
+from dtq.worker.protocol import Entry, Outcome, StartReply, finish_call, start_call, touch_args
 from dtq.worker.scheduler import Scheduler, TickResult
 from dtq_tasks import Handler, registry
 
@@ -353,7 +353,7 @@ class Worker:
             self._launch(entry, start)
 
     def _skipped(self, entry: Entry, start: StartReply) -> None:
-        level = logging.WARNING if start.kind in {"duplicate", "dead"} else logging.INFO
+        level = logging.WARNING if start.kind in {"duplicate", "dead", "fenced"} else logging.INFO
         log.log(
             level,
             "task %s (entry %s of %s) not run: %s %s",
@@ -370,7 +370,7 @@ class Worker:
             obs.task_skipped(entry, start)
 
     def _launch(self, entry: Entry, start: StartReply) -> None:
-        ex = Execution(entry, start, on_release=self._release)
+        ex = Execution(entry, start, on_release=self._release, lease_check=self._lease_check)
         self.inflight[entry.entry_id] = ex
         for obs in self.observers:
             obs.task_started(entry, start)
@@ -418,6 +418,34 @@ class Worker:
         finally:
             self.inflight.pop(entry.entry_id, None)
             ex.drop_hold("execution")
+
+    async def _lease_check(self, ex: Execution) -> bool:
+        """Right before a handler starts: is the lease still this worker's? start.lua renewed
+        it at ``started_ms`` (Redis clock), so it is, unless the worker stalled for half the
+        visibility timeout since (a stop signal, a VM pause, a starved event loop): then
+        touch.lua checks ownership (and renews). A worker that cannot check does not run."""
+        age_ms = self.clock.now_ms() - ex.start.started_ms
+        if age_ms < self.settings.visibility_timeout_s * 500:
+            return True
+        entry = ex.entry
+        key_list, argv = touch_args(self.worker_id, [(entry.stream, entry.entry_id)])
+        try:
+            lost = await self.scripts.call(self.redis, "touch", key_list, argv)
+        except TRANSIENT as exc:
+            lost, why = [1], f"Redis unavailable: {exc}"
+        else:
+            why = "another worker holds it"
+        if lost:
+            log.warning(
+                "task %s attempt %d: lease lost before its handler started (%s, started %.1fs "
+                "ago): not run here",
+                entry.task_id,
+                ex.attempt,
+                why,
+                age_ms / 1000,
+            )
+            return False
+        return True
 
     def _finished(self, ex: Execution, kind: str, reply: Any) -> str:
         entry = ex.entry

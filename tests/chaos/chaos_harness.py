@@ -1,0 +1,648 @@
+"""The chaos harness: real processes on 127.0.0.1 and the tools to hurt them.
+
+- :class:`Cluster`: a private redis-server (``dtq.devserver.start_redis``), worker subprocesses
+  (``python -m dtq.worker`` or ``chaos_worker.py``), the API under uvicorn; every process is
+  started in its own session, logged to a file and stopped by PID in :meth:`Cluster.close`.
+- :class:`EventLog`: a thread subscribed to ``dtq:events`` for the whole run (it reconnects
+  after a Redis restart or a killed connection).
+- :class:`LoadGen`: submits task specs at a given rate through the SDK or the HTTP API and
+  records every submit as accepted (task id), refused (never reached dtq, or refused by it) or
+  unknown (sent, no answer).
+
+Timeouts are the scaled-down settings of :data:`SETTINGS` (visibility 2 s, heartbeat 0.5 s,
+scheduler tick 0.2 s, reaper 0.5 s); every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis as sync_redis
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from dtq import Queue, connect, keys
+from dtq.config import Settings
+from dtq.devserver import RedisServer, free_port, start_redis
+from dtq.errors import DtqError, RedisUnavailableError
+
+CHAOS_DIR = Path(__file__).resolve().parent
+REPO = CHAOS_DIR.parents[1]
+
+# The scaled-down timeouts of every scenario (production defaults stay untouched).
+SETTINGS: dict[str, str] = {
+    "VISIBILITY_TIMEOUT_S": "2",
+    "HEARTBEAT_INTERVAL_S": "0.5",
+    "SCHEDULER_INTERVAL_S": "0.2",
+    "REAPER_INTERVAL_S": "0.5",
+    "CLAIM_STALE_S": "5",
+    "DRAIN_TIMEOUT_S": "2",
+    "RETRY_BASE_DELAY": "0.1",
+    "RETRY_MAX_DELAY": "0.5",
+    "RETRY_JITTER": "0.2",
+    "WORKER_CONCURRENCY": "8",
+    "WORKER_METRICS_PORT": "0",
+    "MAX_QUEUE_DEPTH": "100000",
+    "TASK_MODULES": "chaos_tasks",
+    "LOG_LEVEL": "INFO",
+}
+VISIBILITY_S = float(SETTINGS["VISIBILITY_TIMEOUT_S"])
+REAPER_S = float(SETTINGS["REAPER_INTERVAL_S"])
+TERMINAL = frozenset({"succeeded", "failed", "dead_lettered", "cancelled", "expired"})
+
+
+def settings_for(url: str, **overrides: Any) -> Settings:
+    """The harness's own settings (for its SDK clients), from :data:`SETTINGS`."""
+    values: dict[str, Any] = {k.lower(): v for k, v in SETTINGS.items()}
+    values.update(overrides)
+    return Settings(redis_url=url, **values)
+
+
+def now_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_REALTIME)
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], timeout_s: float, what: str, every_s: float = 0.05
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached within {timeout_s:.0f}s")
+        await asyncio.sleep(every_s)
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+class Proc:
+    """One subprocess in its own session, output in a log file, stopped by PID."""
+
+    def __init__(
+        self, name: str, cmd: Sequence[str], env: Mapping[str, str], log_dir: Path, **popen: Any
+    ) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            list(cmd),
+            cwd=CHAOS_DIR,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **popen,
+        )
+        self.started_ns = now_ns()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def kill9(self) -> None:
+        self.signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(10)
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout_s: float = 10) -> None:
+        """SIGCONT (it may be stopped), SIGTERM, SIGKILL after ``timeout_s``."""
+        if self.alive():
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+        self._log.close()
+
+
+@dataclass
+class WorkerProc:
+    worker_id: str
+    proc: Proc
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+class Cluster:
+    """Redis, workers and (optionally) the API of one scenario, all under ``root``."""
+
+    def __init__(self, root: Path, *, settings: Mapping[str, str] | None = None) -> None:
+        self.root = root
+        self.exec_dir = root / "exec"
+        self.log_dir = root / "logs"
+        self.redis_dir = root / "redis"
+        for d in (self.exec_dir, self.log_dir, self.redis_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.settings = {**SETTINGS, **(settings or {})}
+        self.port = free_port()
+        self.redis: RedisServer | None = None
+        self.workers: list[WorkerProc] = []
+        self.retired: list[WorkerProc] = []  # killed or stopped workers, kept for their logs
+        self.api: Proc | None = None
+        self.api_port = 0
+        self._procs: list[Proc] = []
+        self._serial = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    # -- redis --------------------------------------------------------------------------------
+
+    def start_redis(self, *, persistent: bool = False, fsync: str = "everysec") -> None:
+        self.redis = start_redis(self.redis_dir, port=self.port, persistent=persistent)
+        if persistent:
+            client = sync_redis.Redis.from_url(self.url)
+            try:
+                client.config_set("appendfsync", fsync)
+            finally:
+                client.close()
+
+    def redis_client(self) -> Redis:
+        """The harness's own client: it retries through a Redis restart (dtq's clients do not,
+        their loops retry)."""
+        return Redis.from_url(
+            self.url,
+            decode_responses=True,
+            socket_timeout=10,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 20),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError, OSError],
+        )
+
+    def kill_redis(self) -> None:
+        assert self.redis is not None
+        self.redis.process.kill()
+        self.redis.process.wait(10)
+
+    def shutdown_redis(self) -> None:
+        """SHUTDOWN (Redis saves/fsyncs what its persistence asks for, then exits)."""
+        assert self.redis is not None
+        client = sync_redis.Redis.from_url(self.url)
+        with contextlib.suppress(sync_redis.ConnectionError):
+            client.shutdown()
+        client.close()
+        self.redis.process.wait(10)
+
+    # -- workers and API ----------------------------------------------------------------------
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DTQ_", "CHAOS_"))}
+        env.update({f"DTQ_{k}": v for k, v in self.settings.items()})
+        env["DTQ_REDIS_URL"] = self.url
+        env["CHAOS_LOG_DIR"] = str(self.exec_dir)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(extra or {})
+        return env
+
+    def spawn_worker(
+        self,
+        slot: str = "w",
+        *,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        entry: str = "dtq",
+        **popen: Any,
+    ) -> WorkerProc:
+        """``entry``: ``dtq`` (python -m dtq.worker) or ``chaos`` (chaos_worker.py)."""
+        self._serial += 1
+        worker_id = f"{slot}-{self._serial}"
+        cmd = (
+            [sys.executable, "-m", "dtq.worker"]
+            if entry == "dtq"
+            else [sys.executable, str(CHAOS_DIR / "chaos_worker.py")]
+        )
+        proc = Proc(
+            worker_id,
+            [*cmd, "--tasks", "chaos_tasks", *args],
+            self.env({"DTQ_WORKER_ID": worker_id, **(env or {})}),
+            self.log_dir,
+            **popen,
+        )
+        self._procs.append(proc)
+        w = WorkerProc(worker_id, proc)
+        self.workers.append(w)
+        return w
+
+    def retire(self, w: WorkerProc) -> None:
+        if w in self.workers:
+            self.workers.remove(w)
+            self.retired.append(w)
+
+    def spawn_api(self, extra_env: Mapping[str, str] | None = None) -> Proc:
+        self.api_port = self.api_port or free_port()
+        self._serial += 1
+        cmd = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "dtq.api:create_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.api_port),
+            "--no-access-log",
+        ]
+        proc = Proc(f"api-{self._serial}", cmd, self.env(extra_env), self.log_dir)
+        self._procs.append(proc)
+        self.api = proc
+        return proc
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    async def wait_api(self, timeout_s: float = 30) -> None:
+        assert self.api is not None
+        api = self.api
+
+        async def healthy() -> bool:
+            assert api.alive(), f"the API exited: {api.output()[-2000:]}"
+            try:
+                async with httpx.AsyncClient(timeout=1) as client:
+                    return (await client.get(f"{self.api_base}/health")).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        await wait_until(healthy, timeout_s, "API healthy", every_s=0.1)
+
+    async def wait_workers(self, workers: Iterable[WorkerProc], timeout_s: float = 40) -> None:
+        todo = list(workers)
+        r = self.redis_client()
+        try:
+
+            async def ready() -> bool:
+                for w in todo:
+                    assert w.proc.alive(), f"{w.worker_id} exited: {w.proc.output()[-2000:]}"
+                pipe = r.pipeline(transaction=False)
+                for w in todo:
+                    pipe.hget(keys.worker(w.worker_id), "status")
+                states = await pipe.execute()
+                return all(s in {"ready", "busy"} for s in states)
+
+            await wait_until(ready, timeout_s, "workers ready", every_s=0.1)
+        finally:
+            await r.aclose()
+
+    def close(self) -> None:
+        """Stop every process this cluster started (newest first), then Redis."""
+        for proc in reversed(self._procs):
+            with contextlib.suppress(Exception):
+                proc.stop()
+        if self.redis is not None:
+            self.redis.stop()
+
+    def logs(self) -> dict[str, str]:
+        return {p.name: p.output() for p in self._procs}
+
+
+# -- events -------------------------------------------------------------------------------------
+
+
+class EventLog:
+    """Every message on ``dtq:events`` while open, with its local receive time (ns)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.raw: list[tuple[int, str]] = []
+        self.disconnects = 0
+        self._stop = threading.Event()
+        self._subscribed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-events", daemon=True)
+
+    def __enter__(self) -> EventLog:
+        self._thread.start()
+        if not self._subscribed.wait(10):
+            raise AssertionError("could not subscribe to the events channel")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            client = sync_redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=1)
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(keys.EVENTS)
+                while not self._stop.is_set():
+                    msg = pubsub.get_message(timeout=0.5)
+                    if pubsub.subscribed:
+                        self._subscribed.set()
+                    if msg is not None and msg["type"] == "message":
+                        self.raw.append((now_ns(), msg["data"].decode()))
+            except (sync_redis.RedisError, OSError):
+                self.disconnects += 1
+                self._stop.wait(0.1)
+            finally:
+                with contextlib.suppress(Exception):
+                    pubsub.close()
+                    client.close()
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for recv_ns, raw in list(self.raw):
+            ev = json.loads(raw)
+            ev["_recv_ns"] = recv_ns
+            out.append(ev)
+        return out
+
+
+# -- load ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Spec:
+    """One task to submit."""
+
+    seq: int
+    task_type: str
+    payload: dict[str, Any]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SubmitRecord:
+    seq: int
+    invoked_ns: int
+    done_ns: int = 0
+    outcome: str = ""  # accepted | refused | unknown
+    task_id: str | None = None
+    detail: str = ""
+
+
+def work_specs(rng: random.Random, n: int, start_seq: int = 0, **extra: Any) -> list[Spec]:
+    """``n`` ordinary tasks: each sleeps 5-50 ms."""
+    return [
+        Spec(
+            start_seq + i,
+            "chaos_work",
+            {"seq": start_seq + i, "ms": rng.randint(5, 50), **extra},
+        )
+        for i in range(n)
+    ]
+
+
+class LoadGen:
+    """Submits specs at ``rate`` per second (None: as fast as ``concurrency`` allows)."""
+
+    def __init__(self, concurrency: int = 32) -> None:
+        self.records: list[SubmitRecord] = []
+        self.concurrency = concurrency
+
+    async def _paced(
+        self, specs: Sequence[Spec], rate: float | None, one: Callable[[Spec], Awaitable[None]]
+    ) -> None:
+        sem = asyncio.Semaphore(self.concurrency)
+        t0 = time.monotonic()
+        tasks: list[asyncio.Task[None]] = []
+
+        async def run(spec: Spec) -> None:
+            try:
+                await one(spec)
+            finally:
+                sem.release()
+
+        for i, spec in enumerate(specs):
+            if rate:
+                delay = t0 + i / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            await sem.acquire()
+            tasks.append(asyncio.create_task(run(spec)))
+        await asyncio.gather(*tasks)
+
+    async def via_sdk(self, url: str, specs: Sequence[Spec], rate: float | None) -> None:
+        queue = await connect(settings=settings_for(url))
+        try:
+
+            async def one(spec: Spec) -> None:
+                rec = SubmitRecord(spec.seq, now_ns())
+                self.records.append(rec)
+                try:
+                    task = await queue.submit(spec.task_type, spec.payload, **spec.options)
+                except RedisUnavailableError as exc:
+                    rec.outcome = "refused" if _refused(str(exc)) else "unknown"
+                    rec.detail = str(exc)[:200]
+                except DtqError as exc:
+                    rec.outcome, rec.detail = "refused", exc.code
+                else:
+                    rec.outcome, rec.task_id = "accepted", task.task_id
+                rec.done_ns = now_ns()
+
+            await self._paced(specs, rate, one)
+        finally:
+            await queue.close()
+
+    async def via_http(
+        self,
+        base: str,
+        specs: Sequence[Spec],
+        rate: float | None,
+        *,
+        timeout_s: float = 10,
+        on_response: Callable[[httpx.Response], None] | None = None,
+    ) -> None:
+        limits = httpx.Limits(max_connections=self.concurrency)
+        async with httpx.AsyncClient(base_url=base, timeout=timeout_s, limits=limits) as client:
+
+            async def one(spec: Spec) -> None:
+                rec = SubmitRecord(spec.seq, now_ns())
+                self.records.append(rec)
+                body = {"task_type": spec.task_type, "payload": spec.payload, **spec.options}
+                try:
+                    resp = await client.post("/api/v1/tasks", json=body)
+                except httpx.ConnectError as exc:
+                    rec.outcome, rec.detail = "refused", f"connect: {exc}"
+                except httpx.TransportError as exc:  # sent (maybe): no answer
+                    rec.outcome, rec.detail = "unknown", f"{type(exc).__name__}: {exc}"
+                else:
+                    if on_response is not None:
+                        on_response(resp)
+                    if resp.status_code in (200, 202):
+                        rec.outcome, rec.task_id = "accepted", resp.json()["task_id"]
+                    else:
+                        rec.outcome, rec.detail = "refused", f"HTTP {resp.status_code}"
+                rec.done_ns = now_ns()
+
+            await self._paced(specs, rate, one)
+
+    def accepted(self) -> dict[str, SubmitRecord]:
+        return {r.task_id: r for r in self.records if r.outcome == "accepted" and r.task_id}
+
+    def counts(self) -> dict[str, int]:
+        out = {"invoked": len(self.records), "accepted": 0, "refused": 0, "unknown": 0}
+        for r in self.records:
+            out[r.outcome] = out.get(r.outcome, 0) + 1
+        return out
+
+
+def _refused(message: str) -> bool:
+    """A connection that was never made: the command cannot have reached Redis."""
+    return "Connection refused" in message or "Error 111" in message
+
+
+async def pending_of(r: Redis, consumer: str, queues: Sequence[str] = ("default",)) -> list[str]:
+    """Task ids whose entries are pending (delivered, not acknowledged) for ``consumer``."""
+    out: list[str] = []
+    for q in queues:
+        for stream in keys.queue_streams(q):
+            try:
+                rows = await r.xpending_range(
+                    stream, keys.CONSUMER_GROUP, "-", "+", 10_000, consumername=consumer
+                )
+            except Exception:  # no stream or no group yet
+                continue
+            for row in rows:
+                entry_id = str(row["message_id"])
+                found = await r.xrange(stream, entry_id, entry_id)
+                if found:
+                    out.append(found[0][1]["task_id"])
+    return out
+
+
+async def wait_quiet(
+    r: Redis, task_ids: Iterable[str], timeout_s: float, queues: Sequence[str] = ("default",)
+) -> list[str]:
+    """Wait until every task is terminal and nothing is left in a stream, the retry schedule
+    or the claimed set; returns the ids still not terminal at the deadline."""
+    todo = set(task_ids)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ids = sorted(todo)
+        pipe = r.pipeline(transaction=False)
+        for tid in ids:
+            pipe.hget(keys.task(tid), "status")
+        for tid, status in zip(ids, await pipe.execute(), strict=True):
+            if status in TERMINAL:
+                todo.discard(tid)
+        if not todo and await _indexes_empty(r, queues):
+            return []
+        await asyncio.sleep(0.2)
+    return sorted(todo)
+
+
+async def _indexes_empty(r: Redis, queues: Sequence[str]) -> bool:
+    pipe = r.pipeline(transaction=False)
+    for q in queues:
+        for stream in keys.queue_streams(q):
+            pipe.xlen(stream)
+    pipe.zcard(keys.RETRY_SCHEDULE)
+    pipe.zcard(keys.RETRY_CLAIMED)
+    return not any(await pipe.execute())
+
+
+async def all_task_ids(r: Redis) -> list[str]:
+    """Every task hash in Redis (SCAN), whoever submitted it."""
+    out = []
+    async for key in r.scan_iter(match=keys.task("*"), count=1000):
+        if not key.endswith(":history"):
+            out.append(key.removeprefix(keys.task("")))
+    return out
+
+
+def open_queue(url: str) -> Awaitable[Queue]:
+    return connect(settings=settings_for(url))
+
+
+# -- one scenario's run -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Reduced (``make test``) or full (``make chaos``, ``DTQ_CHAOS_FULL=1``) sizes; every
+    random choice of a scenario comes from :meth:`rng`, seeded by the run's seed."""
+
+    full: bool
+    seed: int
+
+    def pick(self, reduced: int, full: int) -> int:
+        return full if self.full else reduced
+
+    def rng(self, name: str) -> random.Random:
+        return random.Random(f"{self.seed}:{name}")
+
+
+@dataclass
+class Run:
+    cluster: Cluster
+    events: EventLog
+    r: Redis
+
+    async def settle(self, seconds: float) -> None:
+        """Let the workers run on after quiescence: a late execution would show up now."""
+        await asyncio.sleep(seconds)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    root: Path,
+    name: str,
+    *,
+    settings: Mapping[str, str] | None = None,
+    persistent: bool = False,
+    fsync: str = "everysec",
+) -> AsyncIterator[Run]:
+    """A cluster with Redis started and the event log open; everything stopped at the end."""
+    cluster = Cluster(root / name, settings=settings)
+    try:
+        cluster.start_redis(persistent=persistent, fsync=fsync)
+        with EventLog(cluster.url) as events:
+            r = cluster.redis_client()
+            try:
+                yield Run(cluster, events, r)
+            finally:
+                await r.aclose()
+    finally:
+        cluster.close()
+
+
+async def supervise(
+    cluster: Cluster,
+    stop: asyncio.Event,
+    respawn: Callable[[WorkerProc], WorkerProc],
+    deaths: list[WorkerProc],
+) -> None:
+    """Restart every worker that died (like a process manager would) until ``stop``."""
+    while not stop.is_set():
+        for w in list(cluster.workers):
+            if not w.proc.alive():
+                cluster.retire(w)
+                deaths.append(w)
+                respawn(w)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.1)
