@@ -44,6 +44,9 @@ __all__ = [
 
 log = logging.getLogger("dtq.api")
 
+# A Redis outage is usually short (a restart, a failover): clients are told to come back soon.
+_UNAVAILABLE_HEADERS = {"Retry-After": "1"}
+
 STATUS_BY_CODE: dict[str, int] = {
     "INVALID_TASK": 400,
     "UNKNOWN_TASK_TYPE": 400,
@@ -133,6 +136,8 @@ async def _dtq_error(request: Request, exc: Exception) -> JSONResponse:
     headers = None
     if isinstance(exc, QueueFullError):
         headers = {"Retry-After": str(max(1, int(exc.retry_after_s)))}
+    elif status == 503:
+        headers = dict(_UNAVAILABLE_HEADERS)
     details = {k: v for k, v in exc.details.items() if _jsonable(v)}
     if status >= 500:
         log.error(
@@ -178,7 +183,13 @@ async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
     log.warning(
         "Redis unavailable during %s %s: %s", request.method, clean(request.url.path), clean(exc)
     )
-    return error_response(503, "REDIS_UNAVAILABLE", "Redis is unreachable", {"dependency": "redis"})
+    return error_response(
+        503,
+        "REDIS_UNAVAILABLE",
+        "Redis is unreachable",
+        {"dependency": "redis"},
+        headers=dict(_UNAVAILABLE_HEADERS),
+    )
 
 
 async def _internal(request: Request, exc: Exception) -> JSONResponse:
@@ -229,7 +240,7 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     out: dict[int | str, dict[str, Any]] = {}
     for status in sorted({*statuses, 413, 503}):
         entry: dict[str, Any] = {"model": ErrorBody, "description": _DESCRIPTIONS[status]}
-        if status == 429:
+        if status in (429, 503):
             entry["headers"] = {
                 "Retry-After": {
                     "description": "Seconds to wait before trying again",
