@@ -63,11 +63,11 @@ class Operator:
         )
 
 
-def operator(
+async def operator(
     request: Request,
     given: Annotated[str | None, Depends(API_KEY_HEADER)],
 ) -> Operator:
-    """FastAPI dependency of every destructive route."""
+    """FastAPI dependency of every destructive route (async: no thread-pool hop)."""
     key: str = request.app.state.dtq.settings.api_key
     rid = str(request.scope.get("state", {}).get("request_id", ""))
     if not key:

@@ -50,7 +50,8 @@ class ApiState:
         return self.q.store
 
 
-def get_state(request: Request) -> ApiState:
+async def get_state(request: Request) -> ApiState:
+    """Async on purpose: FastAPI runs a sync dependency in its thread pool, per request."""
     state: ApiState = request.app.state.dtq
     return state
 
