@@ -22,6 +22,7 @@ from dtq.errors import InvalidTransitionError, TaskTerminalError
 from dtq.events import Event
 from dtq.models import HistoryEntry, Task
 from dtq.store import ms_to_dt
+from dtq.worker import scheduler as scheduler_module
 from dtq.worker.scheduler import Scheduler
 
 WORKER_A = "worker-aaaaaaaa"
@@ -195,6 +196,28 @@ async def test_sweep_drains_more_than_one_batch_per_tick(
     ids = [t.task_id for t in tasks if isinstance(t, Task)]
     assert len(ids) == n
     assert {t.status for t in await queue.store.get_many(ids)} == {TaskStatus.EXPIRED}
+
+
+async def test_sweep_cut_by_its_time_budget_goes_on_at_the_next_tick(
+    queue: Queue, r: Redis, scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog larger than one tick's budget: each tick stops after a batch once the budget
+    is spent, and the next tick sweeps again at once instead of a second later."""
+    monkeypatch.setattr(scheduler_module, "PHASE_BUDGET_S", 0.0)
+    n = 250
+    await queue.submit_many(
+        [{"task_type": "quick_task", "payload": {"i": i}} for i in range(n)],
+        queue=UNSERVED,
+        ttl_seconds=0.2,
+    )
+    await asyncio.sleep(0.25)
+    sizes = []
+    for _ in range(3):
+        result = await scheduler.tick()
+        assert result.swept
+        sizes.append(len(result.expired))
+    assert sizes == [100, 100, 50]
+    assert await r.zcard(keys.EXPIRY) == 0
 
 
 async def test_running_task_is_never_expired(queue: Queue, r: Redis, scheduler: Scheduler) -> None:

@@ -8,13 +8,17 @@ sections 2, 4, 6) does any work. Each leader tick:
 2. claims due members of ``dtq:retry:schedule`` into ``dtq:retry:claimed`` (``claim_due.lua``,
    at most 100 at a time, claims older than ``DTQ_CLAIM_STALE_S`` returned first) and promotes
    every claimed task in one pipeline (``promote.lua``: stream entry and QUEUED, or EXPIRED when
-   its deadline passed); a full batch is followed by another, up to ten per tick;
-3. once a second, sweeps ``dtq:expiry`` (:func:`dtq.admin.sweep_expired`, batches of 100);
+   its deadline passed); a full batch is followed by another while the phase has run for less
+   than ``PHASE_BUDGET_S``;
+3. once a second, sweeps ``dtq:expiry`` (:func:`dtq.admin.sweep_expired`, batches of 100),
+   batch after full batch for at most ``PHASE_BUDGET_S``; a sweep the budget cut short goes on
+   at the next tick instead of a second later;
 4. every few seconds, removes from ``dtq:workers`` each worker whose heartbeat is older than
    three heartbeat intervals (or whose hash is gone) and publishes WORKER_STALE for it, once.
 
 All times are the Redis server's (DESIGN 5): the scripts read ``TIME``; this module asks Redis
-for the time once per tick and never reads the local clock for a decision. A Redis call that
+for the time once per tick and never reads the local clock for a decision about a task (the
+local monotonic clock only paces how long one phase keeps sending batches). A Redis call that
 fails is logged and tried again at the next tick; the loop ends only when ``stopping`` is set
 (or the task running it is cancelled), and then releases the lock.
 """
@@ -43,6 +47,7 @@ from dtq.store import Store, new_id
 __all__ = [
     "CLAIM_BATCH",
     "LOCK_TTL_MS",
+    "PHASE_BUDGET_S",
     "SWEEP_INTERVAL_MS",
     "Scheduler",
     "TickResult",
@@ -52,10 +57,11 @@ log = logging.getLogger(__name__)
 
 LOCK_TTL_MS = 10_000  # contract section 2: SET NX PX 10000
 CLAIM_BATCH = 100  # contract section 7: scheduler batch capped at 100
-MAX_CLAIM_BATCHES = 10  # per tick, so a backlog drains fast but one tick stays short
+# A phase sends batch after full batch for at most this long, so a backlog drains at the speed
+# Redis runs the scripts (each call still a batch of <= 100) while one tick stays short.
+PHASE_BUDGET_S = 0.5
 SWEEP_INTERVAL_MS = 1_000  # issue 4: the expiry sweep runs every second
 SWEEP_BATCH = admin.SWEEP_BATCH
-MAX_SWEEP_BATCHES = 10
 STALE_HEARTBEATS = 3  # contract section 6: stale = last heartbeat older than 3 intervals
 STALE_CHECK_MIN_MS = 1_000
 STALE_CHECK_MAX_MS = 5_000
@@ -171,7 +177,9 @@ class Scheduler:
 
     async def _promote_due(self, result: TickResult) -> None:
         stale_ms = round(self.settings.claim_stale_s * 1000)
-        for _ in range(MAX_CLAIM_BATCHES):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PHASE_BUDGET_S
+        while True:
             ids, stale, _now = await self.store.scripts.call(
                 self.store.redis,
                 "claim_due",
@@ -185,7 +193,7 @@ class Scheduler:
                 return
             result.claimed += len(ids)
             await self._promote(list(ids), result)
-            if len(ids) < CLAIM_BATCH:
+            if len(ids) < CLAIM_BATCH or loop.time() >= deadline:
                 return
 
     async def _promote(self, ids: Sequence[str], result: TickResult) -> None:
@@ -237,13 +245,18 @@ class Scheduler:
         else:
             result.skipped.append(task_id)
 
-    async def _sweep(self, now_ms: int, result: TickResult) -> None:
+    async def _sweep(self, now_ms: int, result: TickResult) -> bool:
+        """Sweep batches of ``SWEEP_BATCH``; True when the budget, not the index, ended it."""
         result.swept = True
-        for _ in range(MAX_SWEEP_BATCHES):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PHASE_BUDGET_S
+        while True:
             ids = await admin.sweep_expired(self.store, now_ms, SWEEP_BATCH)
             result.expired.extend(ids)
             if len(ids) < SWEEP_BATCH:
-                return
+                return False
+            if loop.time() >= deadline:
+                return True
 
     def _stale_check_ms(self) -> int:
         beat_ms = round(self.settings.heartbeat_interval_s * 1000)
@@ -292,7 +305,8 @@ class Scheduler:
         now_ms = await redis_time_ms(self.store.redis)
         if now_ms >= self._next_sweep_ms:
             self._next_sweep_ms = now_ms + SWEEP_INTERVAL_MS
-            await self._sweep(now_ms, result)
+            if await self._sweep(now_ms, result):
+                self._next_sweep_ms = now_ms  # a backlog is left: go on at the next tick
         if now_ms >= self._next_stale_check_ms:
             self._next_stale_check_ms = now_ms + self._stale_check_ms()
             await self._stale_workers(now_ms, result)
