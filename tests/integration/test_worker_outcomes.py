@@ -185,6 +185,25 @@ async def test_invalid_payload_is_permanent_and_handler_not_called(
     assert seen == [{"n": 7}]  # the validated payload (coerced), the invalid one never
 
 
+async def returns_none(payload: dict[str, Any], ctx: TaskContext) -> None:
+    return None
+
+
+async def test_none_result_stores_no_result_key(settings: Settings, r: Redis, queue: Queue) -> None:
+    """A handler that returns None leaves no dtq:result key; get() still shows result None."""
+    task = await queue.submit("wt_none", {})
+    falsy = await queue.submit("wt_big", {"n": 0})  # "" is a result, and is stored
+    async with running_worker(fast(settings), handlers(wt_none=returns_none, wt_big=big_result)):
+        await wait_status(r, task.task_id, "succeeded")
+        await wait_status(r, falsy.task_id, "succeeded")
+    assert not await r.exists(keys.result(task.task_id))
+    got = await queue.get(task.task_id)
+    assert got.result is None and not got.result_truncated
+    assert (await queue.store.get_many([task.task_id]))[0].result is None
+    assert await r.get(keys.result(falsy.task_id)) == '""'
+    assert (await queue.get(falsy.task_id)).result == ""
+
+
 async def test_timeout_is_retryable(settings: Settings, r: Redis, queue: Queue) -> None:
     task = await queue.submit("wt_slow", {}, max_attempts=2, timeout_ms=100)
     async with running_worker(fast(settings), handlers(wt_slow=too_slow)):

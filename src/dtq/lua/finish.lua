@@ -8,7 +8,8 @@
 --
 -- Outcomes (ARGV[6]):
 --   success     SUCCEEDED; the result JSON goes to dtq:result:<id> (EX result retention) unless
---               the worker flagged it too large (hash result_truncated=1); idempotency completed.
+--               it is null (nothing stored: a missing key reads as result None) or the worker
+--               flagged it too large (hash result_truncated=1); idempotency completed.
 --   error       retryable and attempt < max_attempts: RETRYING, due now + delay_ms in
 --               dtq:retry:schedule, expiry member written again, TASK_RETRY_SCHEDULED;
 --               otherwise DEAD_LETTERED (entry in dtq:stream:dead-letter, MAXLEN ~) or FAILED
@@ -91,7 +92,8 @@ if to == 'succeeded' then
     fields[#fields + 1] = 'result_truncated'
     fields[#fields + 1] = '1'
     meta.result_truncated = true
-  elseif ARGV[7] ~= '' then
+  elseif ARGV[7] ~= '' and ARGV[7] ~= 'null' then
+    -- a None result is not stored: a missing key already reads as result None
     redis.call('SET', KEYS[8], ARGV[7], 'EX', ARGV[16])
   end
   idem_state(KEYS[6], idem, task_id, 'completed', ts, ARGV[17])
