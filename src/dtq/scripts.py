@@ -2,8 +2,9 @@
 
 Each ``lua/<name>.lua`` is one atomic operation; ``lua/_lib.lua`` is prepended to each. Calls go
 out as EVALSHA; after a NOSCRIPT reply (a restarted or flushed Redis) the scripts are loaded
-again and only the calls that did not run are sent again, so nothing runs twice. Batches are
-one pipeline: one round trip, no SCRIPT EXISTS before it (as redis-py's pipeline would add).
+again and only the calls that did not run are sent again, so nothing runs twice. A single call
+is a plain EVALSHA (no pipeline machinery); batches are one pipeline: one round trip, no SCRIPT
+EXISTS before it (as redis-py's pipeline would add).
 """
 
 from __future__ import annotations
@@ -70,10 +71,22 @@ class Scripts:
         await pipe.execute()
 
     async def call(self, redis: Redis, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """One script call; raises what the script raised."""
-        result = (await self.call_many(redis, [(name, keys, args)]))[0]
-        if isinstance(result, Exception):
-            raise result
+        """One script call, a plain EVALSHA (no pipeline); raises what the script raised."""
+        sha = self.sha[name]
+        try:
+            try:
+                result = await redis.evalsha(sha, len(keys), *keys, *args)
+            except ResponseError as err:
+                if not _is_noscript(err):
+                    raise
+                await self.load(redis)  # NOSCRIPT: the call did not run; send it again
+                result = await redis.evalsha(sha, len(keys), *keys, *args)
+        except ResponseError:
+            if self._on_call is not None:
+                self._on_call(name, False)
+            raise
+        if self._on_call is not None:
+            self._on_call(name, True)
         return result
 
     async def call_many(self, redis: Redis, calls: Sequence[Call]) -> list[Any]:
