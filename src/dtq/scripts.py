@@ -10,7 +10,7 @@ EXISTS before it (as redis-py's pipeline would add).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -73,14 +73,18 @@ class Scripts:
     async def call(self, redis: Redis, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One script call, a plain EVALSHA (no pipeline); raises what the script raised."""
         sha = self.sha[name]
+        # The class's execute_command, not the instance's: a per-command metrics hook
+        # (dtq.metrics.count_commands) must not count a script call twice, as in a pipeline the
+        # call is reported once, by name, through ``on_call``.
+        send: Callable[..., Awaitable[Any]] = type(redis).execute_command
         try:
             try:
-                result = await redis.evalsha(sha, len(keys), *keys, *args)
+                result = await send(redis, "EVALSHA", sha, len(keys), *keys, *args)
             except ResponseError as err:
                 if not _is_noscript(err):
                     raise
                 await self.load(redis)  # NOSCRIPT: the call did not run; send it again
-                result = await redis.evalsha(sha, len(keys), *keys, *args)
+                result = await send(redis, "EVALSHA", sha, len(keys), *keys, *args)
         except ResponseError:
             if self._on_call is not None:
                 self._on_call(name, False)

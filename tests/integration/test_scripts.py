@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from dtq import Queue, keys
+from dtq.metrics import count_commands
 from dtq.models import Task
 from dtq.scripts import SCRIPT_NAMES, Scripts
 
@@ -94,3 +95,24 @@ async def test_script_error_is_per_call(queue: Queue, r: Redis) -> None:
     with pytest.raises(ResponseError):
         await scripts.call(r, "submit", bad_keys, good[2])
     assert await scripts.call_many(r, []) == []
+
+
+async def test_single_call_reports_once_and_reloads_after_flush(r: Redis) -> None:
+    """``Scripts.call`` is a plain EVALSHA: after a flush it loads the scripts and runs the
+    call once; ``on_call`` sees it once by name, and a per-command metrics hook on the same
+    client does not count it again."""
+    calls: list[tuple[str, bool]] = []
+    commands: list[tuple[str, bool]] = []
+    scripts = Scripts(on_call=lambda name, ok: calls.append((name, ok)))
+    count_commands(r, lambda name, ok: commands.append((name, ok)))
+    await r.script_flush()
+    args = ["acquire", "w-1", 10_000]
+    assert await scripts.call(r, "lock", [keys.SCHEDULER_LOCK], args) == 1
+    assert await r.get(keys.SCHEDULER_LOCK) == "w-1"
+    assert await scripts.call(r, "lock", [keys.SCHEDULER_LOCK], ["acquire", "w-2", 10_000]) == 0
+    assert calls == [("lock", True), ("lock", True)]
+    assert [name for name, _ in commands if name == "evalsha"] == []
+    await r.delete(keys.SCHEDULER_LOCK)
+    with pytest.raises(ResponseError):  # SET ... PX x: the script's error is raised
+        await scripts.call(r, "lock", [keys.SCHEDULER_LOCK], ["acquire", "w-3", "x"])
+    assert calls[-1] == ("lock", False)
