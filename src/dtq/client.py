@@ -29,6 +29,7 @@ from dtq import admin
 from dtq.admin import Audit
 from dtq.clock import redis_time_ms
 from dtq.config import Settings, load_settings
+from dtq.connection import use_hiredis_packing
 from dtq.errors import ConfigError, DtqError, InvalidTaskError, RedisUnavailableError
 from dtq.models import HistoryEntry, SubmitRequest, Task, TaskStatus, ttl_delta_seconds
 from dtq.scripts import Scripts
@@ -340,11 +341,13 @@ async def connect(
     if url is not None:  # validated like DTQ_REDIS_URL (model_copy would skip the check)
         settings = load_settings(**{**settings.model_dump(), "redis_url": url})
     try:
-        redis = Redis.from_url(
-            settings.redis_url,
-            decode_responses=True,
-            health_check_interval=30,
-            socket_connect_timeout=5,
+        redis = use_hiredis_packing(
+            Redis.from_url(
+                settings.redis_url,
+                decode_responses=True,
+                health_check_interval=30,
+                socket_connect_timeout=5,
+            )
         )
     except ValueError as exc:  # e.g. a port that is not a number
         raise ConfigError(
