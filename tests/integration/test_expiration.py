@@ -5,21 +5,19 @@ Real Redis; the scheduler runs in-process, no worker polls any queue."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from types import TracebackType
 
 import pytest
 from redis.asyncio import Redis
+from scheduler_support import Events, running, wait_until
 
 from dtq import Queue, TaskStatus, keys
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from dtq.errors import InvalidTransitionError, TaskTerminalError
-from dtq.events import Event
 from dtq.models import HistoryEntry, Task
 from dtq.store import ms_to_dt
 from dtq.worker import scheduler as scheduler_module
@@ -30,63 +28,6 @@ UNSERVED = "nobody-serves-this"
 
 
 # -- helpers --------------------------------------------------------------------------------------
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], within_s: float = 5.0, every_s: float = 0.02
-) -> None:
-    deadline = time.monotonic() + within_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within_s} s")
-        await asyncio.sleep(every_s)
-
-
-class Events:
-    """Every event published on dtq:events while the block runs."""
-
-    def __init__(self, r: Redis) -> None:
-        self.pubsub = r.pubsub()
-        self.items: list[Event] = []
-        self._reader: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Events:
-        await self.pubsub.subscribe(keys.EVENTS)
-        while await self.pubsub.get_message(timeout=1.0) is None:  # the subscribe confirmation
-            pass
-        self._reader = asyncio.create_task(self._read())
-        return self
-
-    async def _read(self) -> None:
-        while True:
-            msg = await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
-            if msg is not None:
-                self.items.append(Event.parse(msg["data"]))
-
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        assert self._reader is not None
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
-        await self.pubsub.aclose()
-
-    def of(self, etype: str, task_id: str | None = None) -> list[Event]:
-        return [
-            e for e in self.items if e.type == etype and (task_id is None or e.task_id == task_id)
-        ]
-
-
-@contextlib.asynccontextmanager
-async def running(scheduler: Scheduler) -> AsyncIterator[asyncio.Task[None]]:
-    stopping = asyncio.Event()
-    task = asyncio.create_task(scheduler.run(stopping))
-    try:
-        yield task
-    finally:
-        stopping.set()
-        await asyncio.wait_for(task, 5)
 
 
 def reaches(queue: Queue, task_id: str, status: TaskStatus) -> Callable[[], Awaitable[bool]]:

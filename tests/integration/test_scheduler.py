@@ -4,19 +4,15 @@ stale workers, resilience to dropped connections. Real Redis; no worker is neede
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
-from types import TracebackType
 
 import pytest
 from redis.asyncio import Redis
+from scheduler_support import Events, running, wait_until
 
 from dtq import Queue, TaskStatus, keys
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
-from dtq.events import Event
 from dtq.models import Task
 from dtq.scripts import Scripts
 from dtq.store import Store
@@ -27,70 +23,6 @@ WORKER_B = "worker-bbbbbbbb"
 
 
 # -- helpers --------------------------------------------------------------------------------------
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], within_s: float = 5.0, every_s: float = 0.02
-) -> None:
-    deadline = time.monotonic() + within_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within_s} s")
-        await asyncio.sleep(every_s)
-
-
-class Events:
-    """Every event published on dtq:events while the block runs."""
-
-    def __init__(self, r: Redis) -> None:
-        self.pubsub = r.pubsub()
-        self.items: list[Event] = []
-        self._reader: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Events:
-        await self.pubsub.subscribe(keys.EVENTS)
-        while await self.pubsub.get_message(timeout=1.0) is None:  # the subscribe confirmation
-            pass
-        self._reader = asyncio.create_task(self._read())
-        return self
-
-    async def _read(self) -> None:
-        while True:
-            msg = await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
-            if msg is not None:
-                self.items.append(Event.parse(msg["data"]))
-
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        assert self._reader is not None
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
-        await self.pubsub.aclose()
-
-    def of(self, etype: str, task_id: str | None = None) -> list[Event]:
-        return [
-            e for e in self.items if e.type == etype and (task_id is None or e.task_id == task_id)
-        ]
-
-    async def wait_for(self, etype: str, task_id: str | None = None, count: int = 1) -> None:
-        async def seen() -> bool:
-            return len(self.of(etype, task_id)) >= count
-
-        await wait_until(seen)
-
-
-@contextlib.asynccontextmanager
-async def running(scheduler: Scheduler) -> AsyncIterator[asyncio.Task[None]]:
-    """The scheduler's loop in the background, stopped (and awaited) at the end."""
-    stopping = asyncio.Event()
-    task = asyncio.create_task(scheduler.run(stopping))
-    try:
-        yield task
-    finally:
-        stopping.set()
-        await asyncio.wait_for(task, 5)
 
 
 async def status_of(queue: Queue, task_id: str) -> TaskStatus:
