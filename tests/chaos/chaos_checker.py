@@ -176,6 +176,7 @@ class Report:
 
     def summary(self) -> dict[str, Any]:
         return {
+            **{k: v for k, v in self.counts.items() if k != "accepted"},
             "scenario": self.name,
             "accepted": self.accepted,
             "lost": len(self.lost),
@@ -187,7 +188,6 @@ class Report:
             "p50_ms": self.p50_ms,
             "p99_ms": self.p99_ms,
             "throughput": self.throughput,
-            **self.counts,
             **self.notes,
         }
 
@@ -333,7 +333,9 @@ def _cell(value: Any) -> str:
 
 
 QUIET_S = 90.0  # the longest a scenario waits for quiescence before calling what is left lost
-SETTLE_S = VISIBILITY_S + REAPER_S + 1.0  # a zombie's late run, if any, happens within this
+# After quiescence the workers run on this long: an entry left pending by mistake would be
+# reclaimed (visibility timeout + a reaper pass, with its 20 % jitter) and run late meanwhile.
+SETTLE_S = VISIBILITY_S + 1.2 * REAPER_S
 
 
 async def finish(
@@ -356,7 +358,6 @@ async def finish(
         name, run.r, load.records, run.cluster.exec_dir, run.events.events(), skip=skip or ()
     )
     rep.require(not left, f"not quiet after {quiet_s:.0f}s: {len(left)} task(s) not terminal")
-    rep.notes["logs"] = str(run.cluster.log_dir)
     return rep
 
 
