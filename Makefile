@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint run bench clean
+.PHONY: test lint run bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ run: $(STAMP)
 # Figures, never a gate: one run of every scenario with its baseline (bench/README.md).
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# Every fault-injection scenario at full size (10,000 tasks each) and the Markdown table of
+# figures (docs/chaos.md). DTQ_CHAOS_SEED=<seed> replays a run's random choices.
+chaos: $(STAMP)
+	DTQ_CHAOS_FULL=1 $(BIN)/pytest tests/chaos -p no:cacheprovider -q $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .dtq .pytest_cache .mypy_cache .ruff_cache

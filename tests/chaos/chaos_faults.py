@@ -111,11 +111,13 @@ async def kill9(root: Path, scale: Scale) -> list[Report]:
             moved = _next_move(rep, tid, t_kill / 1e6, victim.worker_id)
             if moved is not None:
                 recoveries.append((moved - t_kill / 1e6) / 1000)
+    bound = VISIBILITY_S + REAPER_S + 1
     rep.recovery_s = max(recoveries, default=float("nan"))
     rep.notes.update(
         kills=len(kills),
         in_flight_on_killed=sum(len(h) for _, _, h in kills),
-        recovery_bound_s=VISIBILITY_S + REAPER_S + 1,
+        recovery_bound_s=bound,
+        over_bound=sum(1 for x in recoveries if x > bound),
     )
     return [rep]
 

@@ -489,7 +489,10 @@ class LoadGen:
                 except httpx.ConnectError as exc:
                     rec.outcome, rec.detail = "refused", f"connect: {exc}"
                 except httpx.TransportError as exc:  # sent (maybe): no answer
-                    rec.outcome, rec.detail = "unknown", f"{type(exc).__name__}: {exc}"
+                    rec.outcome = "unknown"
+                    rec.detail = (
+                        f"{type(exc).__name__}: {exc} after {_since_s(rec.invoked_ns):.1f}s"
+                    )
                 else:
                     if on_response is not None:
                         on_response(resp)
@@ -509,6 +512,10 @@ class LoadGen:
         for r in self.records:
             out[r.outcome] = out.get(r.outcome, 0) + 1
         return out
+
+
+def _since_s(t_ns: int) -> float:
+    return (now_ns() - t_ns) / 1e9
 
 
 def _refused(message: str) -> bool:

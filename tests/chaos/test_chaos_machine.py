@@ -340,7 +340,7 @@ def test_delivery_protocol_state_machine(redis_url: str) -> None:
     run_state_machine_as_test(
         lambda: DeliveryMachine(redis_url),
         settings=hyp_settings(
-            max_examples=500 if full_run() else 30,
+            max_examples=200 if full_run() else 30,
             stateful_step_count=50,
             deadline=None,
             database=None,
