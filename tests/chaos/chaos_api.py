@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import schemathesis
 from chaos_checker import Report, iso_ms, percentile
-from chaos_harness import Cluster, LoadGen, Scale, now_ns, running, wait_until, work_specs
+from chaos_harness import Cluster, Scale, now_ns, running, wait_until
+from chaos_load import LoadGen, work_specs
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hyp_settings
 from schemathesis import checks as st_checks

@@ -28,16 +28,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from chaos_harness import (
-    REAPER_S,
-    TERMINAL,
-    VISIBILITY_S,
-    LoadGen,
-    Run,
-    SubmitRecord,
-    all_task_ids,
-    wait_quiet,
-)
+from chaos_harness import REAPER_S, TERMINAL, VISIBILITY_S, Run
+from chaos_load import LoadGen, SubmitRecord, all_task_ids, wait_quiet
 from redis.asyncio import Redis
 
 from dtq import keys

@@ -20,18 +20,14 @@ from chaos_harness import (
     REAPER_S,
     TERMINAL,
     VISIBILITY_S,
-    LoadGen,
     Run,
     Scale,
-    Spec,
     WorkerProc,
     now_ns,
-    pending_of,
     running,
     supervise,
-    wait_quiet,
-    work_specs,
 )
+from chaos_load import LoadGen, Spec, pending_entries, wait_quiet, work_specs
 
 from dtq import keys
 
@@ -96,7 +92,8 @@ async def kill9(root: Path, scale: Scale) -> list[Report]:
                 victim = rng.choice(old)
                 t_kill = now_ns()
                 victim.proc.kill9()
-                kills.append((t_kill, victim, await pending_of(run.r, victim.worker_id)))
+                in_flight = await pending_entries(run.r, victim.worker_id)
+                kills.append((t_kill, victim, [tid for _, _, tid in in_flight]))
             await loading
         finally:
             stop.set()
@@ -185,21 +182,6 @@ async def crash_points(root: Path, scale: Scale) -> list[Report]:
 # -- 5. SIGSTOP / SIGCONT zombie ----------------------------------------------------------------
 
 
-async def _pending_entries(run: Run, consumer: str) -> list[tuple[str, str, str]]:
-    """(stream, entry id, task id) of every entry pending for ``consumer``."""
-    out = []
-    for stream in keys.queue_streams("default"):
-        rows = await run.r.xpending_range(
-            stream, keys.CONSUMER_GROUP, "-", "+", 10_000, consumername=consumer
-        )
-        for row in rows:
-            entry_id = str(row["message_id"])
-            found = await run.r.xrange(stream, entry_id, entry_id)
-            if found:
-                out.append((stream, entry_id, found[0][1]["task_id"]))
-    return out
-
-
 async def _watch_owners(
     run: Run, entries: list[tuple[str, str, str]], stop: asyncio.Event
 ) -> dict[str, list[str]]:
@@ -263,7 +245,7 @@ async def sigstop(root: Path, scale: Scale) -> list[Report]:
         await _holds_some(run, zombie.worker_id)
         zombie.proc.signal(signal.SIGSTOP)
         t_stop = now_ns()
-        held = await _pending_entries(run, zombie.worker_id)
+        held = await pending_entries(run.r, zombie.worker_id)
         stop_watch = asyncio.Event()
         watch = asyncio.create_task(_watch_owners(run, held, stop_watch))
         await asyncio.sleep(3 * VISIBILITY_S)

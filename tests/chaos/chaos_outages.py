@@ -14,7 +14,8 @@ from pathlib import Path
 
 import httpx
 from chaos_checker import Report, finish, require_clean
-from chaos_harness import LoadGen, Run, Scale, now_ns, running, work_specs
+from chaos_harness import Run, Scale, now_ns, running
+from chaos_load import LoadGen, work_specs
 
 from dtq import keys
 
