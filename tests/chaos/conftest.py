@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from chaos_checker import Report, format_table
-from chaos_harness import Scale
+from chaos_harness import Scale, full_run
 
 SEED_KEY = pytest.StashKey[int]()
 FIGURES_KEY = pytest.StashKey[list[Report]]()
@@ -31,10 +31,6 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"DTQ_CHAOS_SEED={raw!r} is not a whole number") from None
     config.stash[SEED_KEY] = seed
     config.stash[FIGURES_KEY] = []
-
-
-def full_run() -> bool:
-    return os.environ.get("DTQ_CHAOS_FULL") == "1"
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -19,9 +19,7 @@ import chaos_faults
 import chaos_outages
 import pytest
 from chaos_checker import Report
-from chaos_harness import Scale
-
-from conftest import full_run
+from chaos_harness import Scale, full_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500 if full_run() else 150)]
 

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import pytest
 from chaos_bounds import audit_keys
+from chaos_harness import full_run
 from hypothesis import HealthCheck, Phase, event
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
@@ -46,7 +47,6 @@ from hypothesis.stateful import (
 )
 from redis.asyncio import Redis
 
-from conftest import full_run
 from dtq import admin, keys
 from dtq.client import Queue
 from dtq.config import Settings
