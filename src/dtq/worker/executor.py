@@ -63,6 +63,7 @@ class Execution:
     handler_task: asyncio.Task[Any] | None = None
     cancel_reason: str | None = None
     finishing: bool = False
+    handler_started: bool = False  # the lease check passed and the handler was called
     holds: set[str] = field(default_factory=lambda: {"execution"})
     on_release: Callable[[], None] | None = None
     # Awaited right before the handler is called; False: the lease is gone, do not run it.
@@ -170,6 +171,7 @@ async def _call_handler(
     # slow check is the only await), so a pause of the process cannot fall in between.
     if ex.lease_check is not None and not await ex.lease_check(ex):
         raise LeaseLostError
+    ex.handler_started = True
     if handler.is_async:
         async with asyncio.timeout(timeout_s):
             return await handler.fn(payload, ctx)

@@ -435,6 +435,8 @@ class Worker:
             lost, why = [1], f"Redis unavailable: {exc}"
         else:
             why = "another worker holds it"
+        if ex.cancel_reason is not None:
+            return False  # stopped meanwhile (the heartbeat saw the lease lost): said there
         if lost:
             log.warning(
                 "task %s attempt %d: lease lost before its handler started (%s, started %.1fs "
@@ -505,7 +507,12 @@ class Worker:
             ex = self.inflight.get(entry_id)
             if ex is not None and ex.cancel("lost"):
                 log.warning(
-                    "task %s attempt %d: lease lost, handler stopped", ex.entry.task_id, ex.attempt
+                    "task %s attempt %d: lease lost, %s",
+                    ex.entry.task_id,
+                    ex.attempt,
+                    "handler stopped"
+                    if ex.handler_started
+                    else "handler not started: not run here",
                 )
 
     # -- heartbeat callbacks (called on the heartbeat thread) ------------------------------------
