@@ -29,6 +29,7 @@ from dtq.errors import InvalidTaskError, PayloadTooLargeError, UnknownTaskTypeEr
 
 __all__ = [
     "EVENT_TYPES",
+    "MAX_DELAY_S",
     "METADATA_MAX_BYTES",
     "NOT_STARTED",
     "QUEUE_RE",
@@ -49,6 +50,7 @@ METADATA_MAX_BYTES = 4096
 QUEUE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 TASK_TYPE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
 IDEMPOTENCY_KEY_MAX = 256
+MAX_DELAY_S = 10 * 365 * 86400  # delay_seconds, ttl_seconds and metadata.ttl_seconds: 10 years
 
 
 class TaskStatus(StrEnum):
@@ -142,10 +144,10 @@ class SubmitRequest(BaseModel):
     max_attempts: int = Field(default=5, ge=1)
     priority: int = Field(default=5, ge=0, le=9)
     timeout_ms: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_MS)
-    delay_seconds: float = Field(default=0, ge=0, le=10 * 365 * 86400)
+    delay_seconds: float = Field(default=0, ge=0, le=MAX_DELAY_S)
     schedule_at: datetime | None = None
     expires_at: datetime | None = None
-    ttl_seconds: float | None = Field(default=None, ge=0, le=10 * 365 * 86400)
+    ttl_seconds: float | None = Field(default=None, ge=0, le=MAX_DELAY_S)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     _payload_json: str = PrivateAttr(default="{}")
@@ -181,6 +183,14 @@ class SubmitRequest(BaseModel):
             raise ValueError("must be timezone-aware (an ISO 8601 time with an offset, e.g. Z)")
         return value
 
+    @field_validator("schedule_at", "expires_at", mode="before")
+    @classmethod
+    def _iso_text(cls, value: Any) -> Any:
+        # pydantic's lax mode reads a number as a Unix time; the API takes ISO 8601 text only.
+        if isinstance(value, int | float):
+            raise ValueError("must be an ISO 8601 time with an offset, e.g. 2030-01-28T17:00:00Z")
+        return value
+
     @field_validator("delay_seconds", "ttl_seconds")
     @classmethod
     def _finite(cls, value: float | None) -> float | None:
@@ -205,9 +215,9 @@ class SubmitRequest(BaseModel):
             isinstance(meta_ttl, bool)
             or not isinstance(meta_ttl, int | float)
             or not math.isfinite(meta_ttl)
-            or meta_ttl < 0
+            or not 0 <= meta_ttl <= MAX_DELAY_S
         ):
-            raise ValueError("metadata.ttl_seconds must be a number >= 0")
+            raise ValueError(f"metadata.ttl_seconds must be a number from 0 to {MAX_DELAY_S}")
         given = [
             name
             for name, v in (

@@ -193,6 +193,9 @@ async def test_unknown_route_and_wrong_method_use_the_error_shape(api: Api) -> N
     delete = await api.client.delete("/api/v1/tasks")
     assert delete.status_code == 405
     assert error_of(delete)["code"] == "METHOD_NOT_ALLOWED"
+    # /api/v1/tasks has two routes (GET list, POST submit): Allow names both
+    assert delete.headers["allow"] == "GET, POST"
+    assert wrong.headers["allow"] == "POST"
 
 
 async def test_openapi_documents_400_not_422(api: Api) -> None:

@@ -108,6 +108,11 @@ async def test_submit_delay_schedule_and_expiration_fields(api: Api) -> None:
             "INVALID_TASK",
             "ttl_seconds and metadata.ttl_seconds",
         ),
+        # found by schemathesis: a metadata TTL of 1e308 s overflowed to a 500
+        ('{"task_type": "api_echo", "metadata": {"ttl_seconds": 1e308}}', "INVALID_TASK", "ttl"),
+        # pydantic would read a number as a Unix time; the API takes ISO 8601 text only
+        ('{"task_type": "api_echo", "schedule_at": 0}', "INVALID_TASK", "schedule_at"),
+        ('{"task_type": "api_echo", "expires_at": 1.5e9}', "INVALID_TASK", "expires_at"),
         ('{"task_type": "nope_task"}', "UNKNOWN_TASK_TYPE", "nope_task"),
         ('{"task_type": "api_typed", "payload": {"n": -1}}', "INVALID_TASK", "payload.n"),
         ('{"task_type": "api_typed", "payload": {}}', "INVALID_TASK", "payload.n"),
@@ -218,6 +223,35 @@ async def test_idempotency_header_wins_over_the_body(api: Api, r: Redis) -> None
     )
     assert bad.status_code == 400
     assert "idempotency_key" in error_of(bad)["message"]
+
+    # The header wins, but a body key that breaks the rules is still refused.
+    both = await api.client.post(
+        "/api/v1/tasks",
+        json={"task_type": "api_echo", "idempotency_key": "tab\there"},
+        headers={"Idempotency-Key": "fine"},
+    )
+    assert both.status_code == 400
+    assert error_of(both)["code"] == "INVALID_TASK"
+    assert await r.exists(keys.idempotency("default", "fine")) == 0
+
+
+async def test_openapi_states_the_submit_rules(api: Api, settings: Settings) -> None:
+    """What schemathesis checks at scale (tests/chaos: bad_input): a body valid by the schema
+    is accepted, so the schema names the registry, the caps and the exclusive fields."""
+    doc = (await api.client.get("/openapi.json")).json()
+    op = doc["paths"]["/api/v1/tasks"]["post"]
+    body = op["requestBody"]["content"]["application/json"]["schema"]
+    props = body["properties"]
+    assert (
+        "api_echo" in props["task_type"]["enum"] and "nope_task" not in props["task_type"]["enum"]
+    )
+    assert props["max_attempts"]["maximum"] == settings.max_attempts
+    assert props["queue"]["pattern"] == "^[a-z0-9][a-z0-9_-]{0,63}$"
+    excluded = [sorted(rule["not"]["required"]) for rule in body["allOf"]]
+    assert ["expires_at", "ttl_seconds"] in excluded
+    assert ["delay_seconds", "schedule_at"] in excluded
+    (header,) = [p for p in op["parameters"] if p["name"] == "Idempotency-Key"]
+    assert header["schema"]["anyOf"][0]["maxLength"] == 256
 
 
 # -- get, list ------------------------------------------------------------------------------------

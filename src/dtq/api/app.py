@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from dtq import __version__, client
 from dtq.api import dashboard, routes_admin, routes_ops, routes_tasks
 from dtq.api.deps import ApiState
-from dtq.api.errors import install_error_handlers
+from dtq.api.errors import install_error_handlers, route_methods
 from dtq.api.limits import BodyLimitMiddleware, RequestIdMiddleware, max_body_bytes
 from dtq.api.ws import EventHub, serve_client
 from dtq.config import Settings, load_settings
@@ -87,6 +87,9 @@ class DtqApp(FastAPI):
             for op in path.values():
                 if isinstance(op, dict):
                     op.get("responses", {}).pop("422", None)
+        state = getattr(self.state, "dtq", None)
+        if isinstance(state, ApiState):
+            routes_tasks.refine_openapi(schema, state.settings, state.known_types)
         comps = schema.get("components", {}).get("schemas", {})
         comps.pop("HTTPValidationError", None)
         comps.pop("ValidationError", None)
@@ -121,10 +124,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.dtq = state
     install_error_handlers(app)
-    app.include_router(routes_tasks.router)
-    app.include_router(routes_admin.router)
-    app.include_router(routes_ops.router)
-    app.include_router(dashboard.router)
+    routers = (routes_tasks.router, routes_admin.router, routes_ops.router, dashboard.router)
+    for router in routers:
+        app.include_router(router)
+    app.state.route_methods = route_methods(r for router in routers for r in router.routes)
 
     async def events(websocket: WebSocket) -> None:
         if state.hub is None:

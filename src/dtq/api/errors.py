@@ -18,11 +18,14 @@ INTERNAL_ERROR         500     a bug; the message never leaks internals
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -39,6 +42,7 @@ __all__ = [
     "error_response",
     "install_error_handlers",
     "responses",
+    "route_methods",
     "status_for",
 ]
 
@@ -161,7 +165,33 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     elif exc.status_code == 405:
         message = f"method {request.method} is not allowed on {request.url.path}"
     headers = dict(exc.headers) if exc.headers else None
+    if exc.status_code == 405:
+        headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(request))}
     return error_response(exc.status_code, code, message, headers=headers)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods served on this path (``app.state.route_methods``, set by
+    :func:`dtq.api.create_app`): those of every route whose template matches it, the most
+    specific templates only (``/api/v1/dlq/purge`` is POST; the GET of ``/api/v1/dlq/{task_id}``
+    does not count). Starlette's own ``Allow`` names only the first route whose path matched,
+    so ``/api/v1/tasks`` (GET list, POST submit) said POST alone."""
+    table: list[tuple[re.Pattern[str], int, frozenset[str]]] = getattr(
+        request.app.state, "route_methods", []
+    )
+    path = request.url.path
+    matching = [(params, methods) for regex, params, methods in table if regex.match(path)]
+    fewest = min((params for params, _ in matching), default=0)
+    return sorted({m for params, methods in matching if params == fewest for m in methods})
+
+
+def route_methods(routes: Iterable[Any]) -> list[tuple[re.Pattern[str], int, frozenset[str]]]:
+    """(path regex, number of path parameters, methods) of the HTTP routes among ``routes``."""
+    return [
+        (route.path_regex, len(route.param_convertors), frozenset(route.methods))
+        for route in routes
+        if isinstance(route, APIRoute) and route.methods
+    ]
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:

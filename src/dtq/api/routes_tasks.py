@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -13,11 +14,28 @@ from dtq import admin
 from dtq.api.auth import RequireOperator
 from dtq.api.deps import ApiState, State, check_task_id
 from dtq.api.errors import responses
+from dtq.config import Settings
 from dtq.errors import DtqError, InvalidTaskError, TaskRunningError
-from dtq.models import QUEUE_RE, HistoryEntry, SubmitRequest, Task, TaskStatus
+from dtq.models import (
+    IDEMPOTENCY_KEY_MAX,
+    MAX_DELAY_S,
+    QUEUE_RE,
+    TASK_TYPE_RE,
+    HistoryEntry,
+    SubmitRequest,
+    Task,
+    TaskStatus,
+)
 from dtq.store import RECENT_CAP
 
-__all__ = ["ChangeResult", "HistoryResponse", "TaskList", "router"]
+__all__ = [
+    "ChangeResult",
+    "HistoryResponse",
+    "TaskList",
+    "refine_openapi",
+    "router",
+    "submit_body_schema",
+]
 
 router = APIRouter(prefix="/api/v1", tags=["tasks"])
 
@@ -42,16 +60,79 @@ class ChangeResult(BaseModel):
     previous_status: TaskStatus
 
 
-def _submit_body_schema() -> dict[str, Any]:
+# SubmitRequest's rule for idempotency keys, as far as JSON Schema states it: 1-256 characters,
+# no control characters (the model also refuses the other non-printable ones: str.isprintable).
+_IDEMPOTENCY_KEY_RULES = {
+    "minLength": 1,
+    "maxLength": IDEMPOTENCY_KEY_MAX,
+    "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]*$",
+}
+
+
+def submit_body_schema(
+    settings: Settings | None = None, known_types: Collection[str] | None = None
+) -> dict[str, Any]:
+    """The submit body's JSON schema with the rules of :meth:`SubmitRequest.build` that JSON
+    Schema can state, so that a schema-valid body is accepted and an invalid one refused:
+    the name patterns, the registered task types and the DTQ_MAX_ATTEMPTS cap (when the
+    settings and the registry are known), the recognised ``metadata.ttl_seconds``, and the
+    fields that exclude each other (a null counts as absent, as in the model). Not stated:
+    the payload and metadata byte limits (413 and 400) and ``isprintable`` beyond control
+    characters for idempotency keys."""
     schema = SubmitRequest.model_json_schema()
     schema["additionalProperties"] = False
+    props = schema["properties"]
+    props["task_type"].update(pattern=TASK_TYPE_RE.pattern, minLength=1, maxLength=128)
+    if known_types is not None:
+        props["task_type"]["enum"] = sorted(known_types)
+    props["queue"].update(pattern=QUEUE_RE.pattern, maxLength=64)
+    props["idempotency_key"]["anyOf"][0].update(_IDEMPOTENCY_KEY_RULES)
+    if settings is not None:
+        props["max_attempts"]["maximum"] = settings.max_attempts
+    props["metadata"]["properties"] = {
+        "ttl_seconds": {
+            "anyOf": [{"type": "number", "minimum": 0, "maximum": MAX_DELAY_S}, {"type": "null"}]
+        }
+    }
+
+    def both(a: str, a_schema: dict[str, Any], b: str, b_schema: dict[str, Any]) -> Any:
+        return {"not": {"required": [a, b], "properties": {a: a_schema, b: b_schema}}}
+
+    number, string = {"type": "number"}, {"type": "string"}
+    meta_ttl = {
+        "type": "object",
+        "required": ["ttl_seconds"],
+        "properties": {"ttl_seconds": number},
+    }
+    schema["allOf"] = [
+        both("expires_at", string, "ttl_seconds", number),
+        both("expires_at", string, "metadata", meta_ttl),
+        both("ttl_seconds", number, "metadata", meta_ttl),
+        both("schedule_at", string, "delay_seconds", {"type": "number", "exclusiveMinimum": 0}),
+    ]
     return schema
+
+
+def refine_openapi(
+    schema: dict[str, Any], settings: Settings, known_types: Collection[str] | None
+) -> None:
+    """Put the settings' and the registry's rules into a built OpenAPI document's submit
+    operation (its body and its Idempotency-Key header). Payload models are not stated: they
+    validate in pydantic's lax mode (``"1.5"`` for a float), which JSON Schema cannot say."""
+    op = schema.get("paths", {}).get("/api/v1/tasks", {}).get("post")
+    if op is None:
+        return
+    content = op["requestBody"]["content"]["application/json"]
+    content["schema"] = submit_body_schema(settings, known_types)
+    for param in op.get("parameters", []):
+        if param.get("name") == "Idempotency-Key":
+            param["schema"]["anyOf"][0].update(_IDEMPOTENCY_KEY_RULES)
 
 
 _SUBMIT_OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "content": {"application/json": {"schema": _submit_body_schema()}},
+        "content": {"application/json": {"schema": submit_body_schema()}},
     }
 }
 
@@ -126,6 +207,9 @@ async def submit_task(
             if name in fields:
                 raise InvalidTaskError(f"{name}: Extra inputs are not permitted", field=name)
         if idempotency_key is not None:
+            if fields.get("idempotency_key") is not None:
+                # The header wins, but a body key that breaks the rules is still bad input.
+                SubmitRequest.build(state.settings, None, **fields)
             fields["idempotency_key"] = idempotency_key
         req = SubmitRequest.build(state.settings, state.known_types, **fields)
         _check_payload(state, req)
