@@ -29,7 +29,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # Every fault-injection scenario at full size (10,000 tasks each) and the Markdown table of
-# figures (docs/chaos.md). DTQ_CHAOS_SEED=<seed> replays a run's random choices.
+# figures (docs/reliability.md). DTQ_CHAOS_SEED=<seed> replays a run's random choices.
 chaos: $(STAMP)
 	DTQ_CHAOS_FULL=1 $(BIN)/pytest tests/chaos -p no:cacheprovider -q $(CHAOS_ARGS)
 

@@ -1,7 +1,7 @@
 """The checker: the final Redis state, the side-effect log and the events, against the
 producer's records.
 
-Definitions (``docs/chaos.md`` has them in prose):
+Definitions (``docs/reliability.md`` has them in prose):
 
 - **lost**: an accepted task (the producer got its id) with no terminal state after quiescence.
   Tasks found in Redis that the producer never learned about (its submit was *unknown*) are

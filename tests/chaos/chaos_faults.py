@@ -121,7 +121,7 @@ async def kill9(root: Path, scale: Scale) -> list[Report]:
 
 # -- 3. crash at fixed points ---------------------------------------------------------------
 
-# The documented outcome of a crash at each point (docs/chaos.md, docs/delivery-guarantees.md):
+# The documented outcome of a crash at each point (docs/reliability.md, docs/delivery-guarantees.md):
 # (final attempt, attempts whose handler ran, the history's "to" column).
 REDELIVERED = ["queued", "running", "running", "succeeded"]
 CRASH_OUTCOMES: dict[str, tuple[int, list[int], list[str]]] = {
