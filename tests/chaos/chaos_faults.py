@@ -121,8 +121,8 @@ async def kill9(root: Path, scale: Scale) -> list[Report]:
 
 # -- 3. crash at fixed points ---------------------------------------------------------------
 
-# The documented outcome of a crash at each point (docs/reliability.md, docs/delivery-guarantees.md):
-# (final attempt, attempts whose handler ran, the history's "to" column).
+# The documented outcome of a crash at each point (docs/reliability.md and
+# docs/delivery-guarantees.md): (final attempt, attempts whose handler ran, the history's "to").
 REDELIVERED = ["queued", "running", "running", "succeeded"]
 CRASH_OUTCOMES: dict[str, tuple[int, list[int], list[str]]] = {
     "before_handler": (2, [2], REDELIVERED),
