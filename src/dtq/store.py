@@ -91,6 +91,7 @@ class Store:
                 keys.EXPIRY,
                 keys.QUEUES,
                 *streams,
+                keys.payload(task_id),
             ],
             [
                 task_id,
@@ -196,24 +197,32 @@ class Store:
     # -- reads ----------------------------------------------------------------------------------
 
     async def get(self, task_id: str) -> Task:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(keys.task(task_id))
-        pipe.get(keys.result(task_id))
-        h, result = await pipe.execute()
-        if not h:
+        tasks = await self.get_many([task_id])
+        if not tasks:
             raise TaskNotFoundError(f"task {task_id} not found", task_id=task_id)
-        return Task.from_hash(h, result)
+        return tasks[0]
 
     async def get_many(self, task_ids: Sequence[str]) -> list[Task]:
-        """Tasks that still exist, in the order given, in one round trip."""
+        """Tasks that still exist, in the order given, in one round trip.
+
+        Each task is its payload key, its hash and its result key. The payload is read first:
+        every script sets its TTL after the hash's, so it never expires before the hash, and a
+        hash found after it always comes with its payload. A task written before the payload
+        had its own key has no payload key and keeps the payload in its hash.
+        """
         if not task_ids:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for tid in task_ids:
+            pipe.get(keys.payload(tid))
             pipe.hgetall(keys.task(tid))
             pipe.get(keys.result(tid))
         flat = await pipe.execute()
-        return [Task.from_hash(h, r) for h, r in zip(flat[::2], flat[1::2], strict=True) if h]
+        return [
+            Task.from_hash(h, r, payload)
+            for payload, h, r in zip(flat[::3], flat[1::3], flat[2::3], strict=True)
+            if h
+        ]
 
     async def list(
         self,

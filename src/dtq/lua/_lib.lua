@@ -80,3 +80,20 @@ local function audit(key, actor, request_id, action, task_id, queue, ts)
   redis.call('XADD', key, 'MAXLEN', '~', 10000, '*', 'actor', actor, 'action', action,
     'task_id', task_id or '', 'queue', queue or '', 'ts', ts, 'request_id', request_id or '')
 end
+
+-- The task's payload key (dtq:task:<id>:payload) lives and dies with its hash: every script that
+-- refreshes the hash's TTL refreshes both, the payload second, so that on Redis 6.2 (where each
+-- EXPIRE reads the clock) the payload never expires before the hash. Readers outside a script
+-- read the payload key first: then a hash they find always has its payload.
+local function keep(hash_key, payload_key, retention_s)
+  redis.call('EXPIRE', hash_key, retention_s)
+  redis.call('EXPIRE', payload_key, retention_s)
+end
+
+-- The task's payload JSON: its own key, or the hash's `payload` field for a task submitted
+-- before the payload had its own key (an upgrade with tasks in flight). '{}' when neither is
+-- there, which dtq never leaves (both are removed only by expiry, and together); it is what a
+-- read of such a task shows too.
+local function task_payload(hash_key, payload_key)
+  return redis.call('GET', payload_key) or redis.call('HGET', hash_key, 'payload') or '{}'
+end

@@ -8,12 +8,14 @@
 -- KEYS[4] = dtq:retry:schedule       KEYS[5] = dtq:tasks:recent
 -- KEYS[6] = dtq:expiry               KEYS[7] = dtq:queues
 -- KEYS[8..17] = dtq:stream:<queue>:p9 .. p0
+-- KEYS[18] = dtq:task:<id>:payload (the payload JSON, with the hash's TTL: docs/redis-schema.md)
 -- ARGV[1] task_id  [2] task_type  [3] payload JSON  [4] queue  [5] idempotency_key or ""
 -- ARGV[6] max_attempts  [7] priority  [8] timeout_ms  [9] metadata JSON
 -- ARGV[10] delay_ms  [11] schedule_at_ms or ""  [12] ttl_ms or ""  [13] expires_at_ms or ""
 -- ARGV[14] max queue depth  [15] task retention s  [16] idempotency TTL s
 -- ARGV[17] events channel  [18] event_id  [19] recent-index cap
--- Cost (docs/performance.md): one HSET, the stream entry before it so the hash is written once;
+-- Cost (docs/performance.md): one HSET, the stream entry before it so the hash is written once,
+-- and every value of the hash under 64 bytes (the payload is in its own key), so it stays compact;
 -- each ISO timestamp formatted once; the history entry and the event are JSON strings built
 -- by concatenation, which is safe because every value in them is a validated task type or
 -- queue name (no character that JSON escapes), a hex id or a timestamp.
@@ -75,7 +77,7 @@ local ev_tail = '","task_id":"' .. task_id .. '","queue":"' .. queue .. '","task
 local entry_id = ''
 if expired then
   call('HSET', KEYS[1], 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
-    'payload', ARGV[3], 'created_at', ts, 'created_ms', now, 'available_at', avail,
+    'created_at', ts, 'created_ms', now, 'available_at', avail,
     'updated_at', ts, 'attempt', 0, 'max_attempts', ARGV[6], 'priority', ARGV[7],
     'timeout_ms', ARGV[8], 'status', status, 'queue', queue, 'metadata', ARGV[9],
     'expires_at', exp_iso, 'expires_at_ms', exp_ms, 'expired_at', ts)
@@ -96,19 +98,20 @@ else
       'task_type', task_type, 'payload', ARGV[3], 'attempt', 1, 'max_attempts', ARGV[6],
       'priority', ARGV[7], 'timeout_ms', ARGV[8], 'idempotency_key', idem)
     call('HSET', KEYS[1], 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
-      'payload', ARGV[3], 'created_at', ts, 'created_ms', now, 'available_at', avail,
+      'created_at', ts, 'created_ms', now, 'available_at', avail,
       'updated_at', ts, 'attempt', 0, 'max_attempts', ARGV[6], 'priority', ARGV[7],
       'timeout_ms', ARGV[8], 'status', status, 'queue', queue, 'metadata', ARGV[9],
       'expires_at', exp_iso, 'expires_at_ms', exp_ms or '', 'entry_id', entry_id)
   else
     call('HSET', KEYS[1], 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
-      'payload', ARGV[3], 'created_at', ts, 'created_ms', now, 'available_at', avail,
+      'created_at', ts, 'created_ms', now, 'available_at', avail,
       'updated_at', ts, 'attempt', 0, 'max_attempts', ARGV[6], 'priority', ARGV[7],
       'timeout_ms', ARGV[8], 'status', status, 'queue', queue, 'metadata', ARGV[9],
       'expires_at', exp_iso, 'expires_at_ms', exp_ms or '')
   end
 end
 call('EXPIRE', KEYS[1], retention)
+call('SET', KEYS[18], ARGV[3], 'EX', retention)  -- after the hash's EXPIRE (keep() in _lib)
 call('ZADD', KEYS[5], now, task_id)
 call('ZREMRANGEBYRANK', KEYS[5], 0, -(tonumber(ARGV[19]) + 1))
 call('SADD', KEYS[7], queue)
