@@ -28,6 +28,7 @@ local function iso(ms)
 end
 
 -- Append one state change to the task's history (DESIGN 7): capped at 100, same TTL as the hash.
+-- RPUSH returns the new length: a list of 100 or fewer needs no LTRIM (the common case).
 local function hist(key, retention_s, ts, from, to, attempt, worker, reason, extra)
   local e = extra or {}
   e.ts = ts
@@ -36,8 +37,9 @@ local function hist(key, retention_s, ts, from, to, attempt, worker, reason, ext
   e.attempt = tonumber(attempt) or 0
   if worker and worker ~= '' then e.worker_id = worker end
   if reason and reason ~= '' then e.reason = reason end
-  redis.call('RPUSH', key, cjson.encode(e))
-  redis.call('LTRIM', key, -100, -1)
+  if redis.call('RPUSH', key, cjson.encode(e)) > 100 then
+    redis.call('LTRIM', key, -100, -1)
+  end
   redis.call('EXPIRE', key, retention_s)
 end
 

@@ -144,8 +144,12 @@ end
 
 redis.call('HSET', KEYS[1], 'status', 'running', 'attempt', attempt, 'started_at', ts,
   'worker_id', worker, 'updated_at', ts)
-redis.call('HDEL', KEYS[1], 'finished_at', 'duration_ms', 'error_class', 'error_message',
-  'retryable')
+if prev > 0 then
+  -- The last attempt's outcome. A first attempt (attempt 0: just submitted or requeued from the
+  -- DLQ, which clears them) has none to clear.
+  redis.call('HDEL', KEYS[1], 'finished_at', 'duration_ms', 'error_class', 'error_message',
+    'retryable')
+end
 keep(KEYS[1], KEYS[8], retention)
 redis.call('ZREM', KEYS[5], task_id)
 redis.call('XCLAIM', KEYS[3], group, worker, 0, entry_id, 'IDLE', 0, 'JUSTID')
