@@ -1,7 +1,7 @@
 """Every Redis key and channel name dtq uses; nowhere else writes ``"dtq:"``.
 
-The names are the contract's (section 2) plus the deliberate extensions of DESIGN 6 and 7;
-``docs/redis-schema.md`` describes each one.
+The names are the contract's (section 2) plus the deliberate extensions of DESIGN 6 and 7 and
+the task's payload key; ``docs/redis-schema.md`` describes each one.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ __all__ = [
     "history",
     "idempotency",
     "operation",
+    "payload",
     "queue_paused",
     "queue_streams",
     "result",
@@ -71,6 +72,14 @@ def task(task_id: str) -> str:
 
 def history(task_id: str) -> str:
     return f"dtq:task:{task_id}:history"
+
+
+def payload(task_id: str) -> str:
+    """The task's payload JSON, a string key beside its hash (deliberate extension: a value
+    over 64 bytes in the hash would push the whole hash out of Redis's compact encoding;
+    docs/redis-schema.md has the figures). Written at submit with the hash's TTL, which every
+    script that refreshes the hash's TTL refreshes on it too."""
+    return f"dtq:task:{task_id}:payload"
 
 
 def result(task_id: str) -> str:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Collection, Mapping
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 from pydantic import (
     BaseModel,
@@ -107,9 +107,14 @@ def can_transition(src: TaskStatus, dst: TaskStatus) -> bool:
     return dst in TRANSITIONS[src]
 
 
+# json.dumps with any non-default option builds a new JSONEncoder per call; one is enough.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def compact_json(value: Any) -> str:
-    """The one JSON form dtq stores and measures (DESIGN 10)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """The one JSON form dtq stores and measures (DESIGN 10): what ``json.dumps(value,
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False)`` returns."""
+    return _COMPACT.encode(value)
 
 
 def format_ts(ms: int) -> str:
@@ -126,6 +131,15 @@ def parse_ts(value: str | None) -> datetime | None:
 
 def _to_ms(dt: datetime) -> int:
     return round(dt.timestamp() * 1000)
+
+
+class _Encoded(NamedTuple):
+    """What validation computes once from a :class:`SubmitRequest`'s payload and metadata."""
+
+    payload_json: str
+    metadata_json: str
+    payload_size: int  # UTF-8 bytes
+    metadata_size: int
 
 
 class SubmitRequest(BaseModel):
@@ -150,8 +164,10 @@ class SubmitRequest(BaseModel):
     ttl_seconds: float | None = Field(default=None, ge=0, le=MAX_DELAY_S)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
-    _payload_json: str = PrivateAttr(default="{}")
-    _metadata_json: str = PrivateAttr(default="{}")
+    # Set by the validator. One private attribute (pydantic initialises each one per instance),
+    # read through __pydantic_private__: a plain read of a private attribute goes through
+    # pydantic's __getattr__ (about 1 us, and a submit reads it several times).
+    _encoded: _Encoded = PrivateAttr(default=_Encoded("{}", "{}", 2, 2))
 
     @field_validator("task_type")
     @classmethod
@@ -231,12 +247,18 @@ class SubmitRequest(BaseModel):
             raise ValueError(f"give only one of {' and '.join(given)}")
         if self.schedule_at is not None and self.delay_seconds:
             raise ValueError("give only one of delay_seconds and schedule_at")
+        private = self.__pydantic_private__
+        assert private is not None  # set before "after" validators run
         try:
-            self._payload_json = compact_json(self.payload)
-            self._metadata_json = compact_json(self.metadata)
+            payload_json = compact_json(self.payload)
+            metadata_json = compact_json(self.metadata) if self.metadata else "{}"
             # Sizes are UTF-8 bytes: a lone surrogate (JSON "\ud800") cannot be stored or sent.
-            self._payload_json.encode()
-            self._metadata_json.encode()
+            private["_encoded"] = _Encoded(
+                payload_json,
+                metadata_json,
+                len(payload_json.encode()),
+                len(metadata_json.encode()),
+            )
         except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
             raise ValueError(f"payload and metadata must be JSON: {exc}") from None
         return self
@@ -261,14 +283,14 @@ class SubmitRequest(BaseModel):
             raise UnknownTaskTypeError(
                 f"task_type {self.task_type!r} is not registered", task_type=self.task_type
             )
-        size = len(self._payload_json.encode())
+        size = self.payload_size
         if size > settings.max_payload_bytes:
             raise PayloadTooLargeError(
                 f"payload is {size} bytes, the limit is {settings.max_payload_bytes}",
                 size=size,
                 limit=settings.max_payload_bytes,
             )
-        meta_size = len(self._metadata_json.encode())
+        meta_size = self._json().metadata_size
         if meta_size > METADATA_MAX_BYTES:
             raise InvalidTaskError(
                 f"metadata is {meta_size} bytes, the limit is {METADATA_MAX_BYTES}",
@@ -281,13 +303,23 @@ class SubmitRequest(BaseModel):
                 field="max_attempts",
             )
 
+    def _json(self) -> _Encoded:
+        encoded: _Encoded = self.__pydantic_private__["_encoded"]  # type: ignore[index]
+        return encoded
+
     @property
     def payload_json(self) -> str:
-        return self._payload_json
+        """The payload's compact JSON (DESIGN 10), as stored and sent."""
+        return self._json().payload_json
+
+    @property
+    def payload_size(self) -> int:
+        """UTF-8 bytes of :attr:`payload_json`: what ``DTQ_MAX_PAYLOAD_BYTES`` limits."""
+        return self._json().payload_size
 
     @property
     def metadata_json(self) -> str:
-        return self._metadata_json
+        return self._json().metadata_json
 
     def effective_ttl_ms(self) -> int | None:
         """TTL relative to ingest, in ms, from ttl_seconds or metadata.ttl_seconds."""
@@ -345,7 +377,8 @@ class HistoryEntry(BaseModel):
 
 
 class Task(BaseModel):
-    """A task as stored in ``dtq:task:<task_id>``, with its execution metadata."""
+    """A task as stored in ``dtq:task:<task_id>`` (its payload in ``dtq:task:<task_id>:payload``),
+    with its execution metadata."""
 
     task_id: str
     idempotency_key: str | None = None
@@ -385,7 +418,13 @@ class Task(BaseModel):
         return self.expires_at is not None and now >= self.expires_at
 
     @classmethod
-    def from_hash(cls, h: Mapping[str, str], result: str | None = None) -> Task:
+    def from_hash(
+        cls, h: Mapping[str, str], result: str | None = None, payload: str | None = None
+    ) -> Task:
+        """The task from its hash, its result key and its payload key (``payload``: None when
+        the key is missing, as for a task written before the payload had its own key, which
+        keeps it in the hash's ``payload`` field)."""
+
         def opt(name: str) -> str | None:
             v = h.get(name)
             return v if v else None
@@ -399,7 +438,7 @@ class Task(BaseModel):
             task_id=h["task_id"],
             idempotency_key=opt("idempotency_key"),
             task_type=h["task_type"],
-            payload=json.loads(h.get("payload") or "{}"),
+            payload=json.loads(payload or h.get("payload") or "{}"),
             created_at=h["created_at"],
             available_at=h.get("available_at") or h["created_at"],
             updated_at=opt("updated_at"),

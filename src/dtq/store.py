@@ -30,9 +30,10 @@ from dtq.errors import (
 from dtq.models import HistoryEntry, SubmitRequest, Task, TaskStatus
 from dtq.scripts import Call, Scripts
 
-__all__ = ["RECENT_CAP", "Store", "ms_to_dt", "new_id"]
+__all__ = ["RECENT_CAP", "SUBMIT_CHUNK", "Store", "ms_to_dt", "new_id"]
 
 RECENT_CAP = 10_000
+SUBMIT_CHUNK = 32  # tasks per submit.lua call: ~0.4 ms of Redis, so no call runs long
 _LIST_CHUNK = 500
 
 
@@ -57,12 +58,12 @@ class Store:
     scripts: Scripts
     settings: Settings
     known_types: Collection[str] | None = None
-    # The ten stream keys of each queue submitted to (a submit passes all ten in KEYS).
+    # The ten stream keys of each queue submitted to (a submit call passes all ten in KEYS).
     _streams: dict[str, builtins.list[str]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
     # submit() calls waiting for the next batch, the batches being sent, and how many
-    # submit pipelines are in flight.
+    # submit batches are in flight.
     _pending: builtins.list[tuple[SubmitRequest, asyncio.Future[Task | DtqError]]] = field(
         default_factory=list, init=False, repr=False, compare=False
     )
@@ -73,53 +74,77 @@ class Store:
 
     # -- submit ---------------------------------------------------------------------------------
 
-    def submit_call(self, req: SubmitRequest, task_id: str) -> Call:
-        ttl_ms = req.effective_ttl_ms()
-        exp_ms = req.expires_at_ms()
-        sched_ms = req.schedule_at_ms()
-        streams = self._streams.get(req.queue)
-        if streams is None:
-            streams = self._streams[req.queue] = keys.queue_streams(req.queue)
-        return (
-            "submit",
-            [
+    def submit_calls(self, reqs: Sequence[SubmitRequest], ids: Sequence[str]) -> list[Call]:
+        """The ``submit.lua`` calls of a batch: one per ``SUBMIT_CHUNK`` tasks, in order."""
+        return [
+            self._submit_call(reqs[i : i + SUBMIT_CHUNK], ids[i : i + SUBMIT_CHUNK])
+            for i in range(0, len(reqs), SUBMIT_CHUNK)
+        ]
+
+    def _submit_call(self, reqs: Sequence[SubmitRequest], ids: Sequence[str]) -> Call:
+        s = self.settings
+        queues: dict[str, int] = {}
+        task_keys: builtins.list[str] = []
+        args: builtins.list[Any] = [
+            s.max_queue_depth,
+            s.task_retention_s,
+            s.idem_ttl_s,
+            keys.EVENTS,
+            RECENT_CAP,
+            0,  # the number of queues, below
+        ]
+        default_timeout = s.task_timeout_ms
+        for req, task_id in zip(reqs, ids, strict=True):
+            queue = req.queue
+            q = queues.get(queue)
+            if q is None:
+                q = queues[queue] = len(queues)
+            idem = req.idempotency_key
+            task_keys += (
                 keys.task(task_id),
                 keys.history(task_id),
-                keys.idempotency(req.queue, req.idempotency_key),
-                keys.RETRY_SCHEDULE,
-                keys.RECENT,
-                keys.EXPIRY,
-                keys.QUEUES,
-                *streams,
-            ],
-            [
+                keys.idempotency(queue, idem),
+                keys.payload(task_id),
+            )
+            ttl_ms = req.effective_ttl_ms()
+            exp_ms = req.expires_at_ms()
+            sched_ms = req.schedule_at_ms()
+            args += (
                 task_id,
                 req.task_type,
                 req.payload_json,
-                req.queue,
-                req.idempotency_key or "",
+                queue,
+                q,
+                idem or "",
                 req.max_attempts,
                 req.priority,
-                req.timeout_ms or self.settings.task_timeout_ms,
+                req.timeout_ms or default_timeout,
                 req.metadata_json,
                 round(req.delay_seconds * 1000),
                 "" if sched_ms is None else sched_ms,
                 "" if ttl_ms is None else ttl_ms,
                 "" if exp_ms is None else exp_ms,
-                self.settings.max_queue_depth,
-                self.settings.task_retention_s,
-                self.settings.idem_ttl_s,
-                keys.EVENTS,
                 new_id(),
-                RECENT_CAP,
-            ],
+            )
+        args[5] = len(queues)
+        stream_keys = [k for queue in queues for k in self._queue_streams(queue)]
+        return (
+            "submit",
+            [keys.RETRY_SCHEDULE, keys.RECENT, keys.EXPIRY, keys.QUEUES, *stream_keys, *task_keys],
+            args,
         )
+
+    def _queue_streams(self, queue: str) -> builtins.list[str]:
+        streams = self._streams.get(queue)
+        if streams is None:
+            streams = self._streams[queue] = keys.queue_streams(queue)
+        return streams
 
     async def submit(self, req: SubmitRequest) -> Task:
         """One task. With no submit in flight it is sent at once; calls made while others are
-        in flight wait for the next pipeline, which they share (DESIGN 3: the hot path is
-        batched). Each is still its own atomic script call, and a call cancelled before its
-        batch is sent is not sent."""
+        in flight wait for the next batch, which they share (DESIGN 3: the hot path is
+        batched). Each is still decided on its own, with its own reply or error, and a call
+        cancelled before its batch is sent is not sent."""
         if not self._in_flight:
             self._in_flight += 1
             try:
@@ -161,14 +186,26 @@ class Store:
                 fut.set_result(result)
 
     async def submit_many(self, reqs: Sequence[SubmitRequest]) -> list[Task | DtqError]:
-        """All submits in one pipeline; each item is the task or the error for that item."""
+        """All submits in one round trip: one ``submit.lua`` call per ``SUBMIT_CHUNK`` tasks
+        (several in one pipeline). Each item is the task or the error for that item; a Redis
+        error in any item (a wrong-type key, out of memory) is raised, as is a lost connection.
+        """
+        if not reqs:
+            return []
         ids = [new_id() for _ in reqs]
-        replies = await self.scripts.call_many(
-            self.redis, [self.submit_call(r, i) for r, i in zip(reqs, ids, strict=True)]
-        )
+        calls = self.submit_calls(reqs, ids)
+        if len(calls) == 1:
+            chunks = [await self.scripts.call(self.redis, *calls[0])]
+        else:
+            chunks = await self.scripts.call_many(self.redis, calls)
+        replies: builtins.list[Any] = []
+        for chunk in chunks:
+            if isinstance(chunk, Exception):
+                raise chunk
+            replies += chunk
         for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
+            if reply[0] == "err" and reply[1] == "REDIS":
+                raise ResponseError(str(reply[2]))
         # Replays return the stored tasks: all of them read in one more round trip.
         dup_ids = [str(reply[2]) for reply in replies if reply[0] == "dup"]
         stored = {t.task_id: t for t in await self.get_many(dup_ids)}
@@ -196,24 +233,32 @@ class Store:
     # -- reads ----------------------------------------------------------------------------------
 
     async def get(self, task_id: str) -> Task:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(keys.task(task_id))
-        pipe.get(keys.result(task_id))
-        h, result = await pipe.execute()
-        if not h:
+        tasks = await self.get_many([task_id])
+        if not tasks:
             raise TaskNotFoundError(f"task {task_id} not found", task_id=task_id)
-        return Task.from_hash(h, result)
+        return tasks[0]
 
     async def get_many(self, task_ids: Sequence[str]) -> list[Task]:
-        """Tasks that still exist, in the order given, in one round trip."""
+        """Tasks that still exist, in the order given, in one round trip.
+
+        Each task is its payload key, its hash and its result key. The payload is read first:
+        every script sets its TTL after the hash's, so it never expires before the hash, and a
+        hash found after it always comes with its payload. A task written before the payload
+        had its own key has no payload key and keeps the payload in its hash.
+        """
         if not task_ids:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for tid in task_ids:
+            pipe.get(keys.payload(tid))
             pipe.hgetall(keys.task(tid))
             pipe.get(keys.result(tid))
         flat = await pipe.execute()
-        return [Task.from_hash(h, r) for h, r in zip(flat[::2], flat[1::2], strict=True) if h]
+        return [
+            Task.from_hash(h, r, payload)
+            for payload, h, r in zip(flat[::3], flat[1::3], flat[2::3], strict=True)
+            if h
+        ]
 
     async def list(
         self,

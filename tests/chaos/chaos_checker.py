@@ -102,6 +102,7 @@ class TaskView:
     history: list[dict[str, Any]]
     execs: list[Exec]
     terminal_events: list[dict[str, Any]]
+    payload: str | None = None  # dtq:task:<id>:payload
 
     @property
     def status(self) -> str | None:
@@ -126,7 +127,7 @@ class TaskView:
     @property
     def seq(self) -> int | None:
         try:
-            value = json.loads(self.hash.get("payload") or "{}").get("seq")
+            value = json.loads(self.payload or "{}").get("seq")
         except ValueError:
             return None
         return value if isinstance(value, int) else None
@@ -202,14 +203,16 @@ async def load_views(
         for tid in chunk:
             pipe.hgetall(keys.task(tid))
             pipe.lrange(keys.history(tid), 0, -1)
+            pipe.get(keys.payload(tid))
         flat = await pipe.execute()
-        for tid, h, hist in zip(chunk, flat[::2], flat[1::2], strict=True):
+        for tid, h, hist, payload in zip(chunk, flat[::3], flat[1::3], flat[2::3], strict=True):
             views[tid] = TaskView(
                 tid,
                 h,
                 [json.loads(x) for x in hist],
                 execs.get(tid, []),
                 terminal_events.get(tid, []),
+                payload,
             )
     return views
 

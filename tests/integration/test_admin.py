@@ -80,7 +80,7 @@ async def dead_letter(
             "task_id": task_id,
             "queue": h["queue"],
             "task_type": h["task_type"],
-            "payload": h["payload"],
+            "payload": await r.get(keys.payload(task_id)),
             "attempt": attempts,
             "max_attempts": h["max_attempts"],
             "priority": h["priority"],
@@ -533,7 +533,13 @@ async def test_scripts_refuse_metadata_changed_since_it_was_read(queue: Queue, r
     reply = await queue.scripts.call(
         r,
         "dlq_discard",
-        [keys.task(dead.task_id), keys.history(dead.task_id), keys.DEAD_LETTER, keys.AUDIT],
+        [
+            keys.task(dead.task_id),
+            keys.history(dead.task_id),
+            keys.DEAD_LETTER,
+            keys.AUDIT,
+            keys.payload(dead.task_id),
+        ],
         [dead.task_id, '{"a":0}', '{"a":0,"discarded":true}', "", 60, "someone", ""],
     )
     assert reply == ["err", "STALE"]
@@ -552,6 +558,7 @@ async def test_scripts_refuse_metadata_changed_since_it_was_read(queue: Queue, r
             keys.task(waiting.task_id),
             keys.history(waiting.task_id),
             keys.idempotency("mail", None),
+            keys.payload(waiting.task_id),
         ],
         ["mail", 60, 60, keys.EVENTS, "", "", waiting.task_id, "", "", "e1", "{}", "{}"],
     )

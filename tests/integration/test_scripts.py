@@ -12,6 +12,7 @@ from dtq import Queue, keys
 from dtq.metrics import count_commands
 from dtq.models import Task
 from dtq.scripts import SCRIPT_NAMES, Scripts
+from dtq.store import SUBMIT_CHUNK
 
 
 async def task_count(r: Redis) -> int:
@@ -62,13 +63,14 @@ async def test_noscript_after_flush(queue: Queue, r: Redis) -> None:
 
 async def test_noscript_in_a_batch_resends_only_what_did_not_run(queue: Queue, r: Redis) -> None:
     await r.script_flush()
+    n = 2 * SUBMIT_CHUNK + 3  # three submit.lua calls in one pipeline
     results = await queue.submit_many(
-        [{"task_type": "echo_task", "payload": {"i": i}} for i in range(7)]
+        [{"task_type": "echo_task", "payload": {"i": i}} for i in range(n)]
     )
     assert all(isinstance(t, Task) for t in results)
-    assert [t.payload["i"] for t in results if isinstance(t, Task)] == list(range(7))
-    assert await task_count(r) == 7
-    assert await depth(r, "default") == 7
+    assert [t.payload["i"] for t in results if isinstance(t, Task)] == list(range(n))
+    assert await task_count(r) == n
+    assert await depth(r, "default") == n
 
 
 async def test_idempotent_submit_after_flush(queue: Queue, r: Redis) -> None:
@@ -84,16 +86,15 @@ async def test_idempotent_submit_after_flush(queue: Queue, r: Redis) -> None:
 async def test_script_error_is_per_call(queue: Queue, r: Redis) -> None:
     seen: list[tuple[str, bool]] = []
     scripts = Scripts(on_call=lambda name, ok: seen.append((name, ok)))
-    await r.set("not-a-hash", "x")
-    # The submit script writing a hash onto a string key fails: that call alone reports it.
-    good = queue.store.submit_call(queue.build_request("echo_task", {}), "a" * 32)
-    bad_keys = ["not-a-hash", *good[1][1:]]
-    results = await scripts.call_many(r, [good, ("submit", bad_keys, good[2])])
-    assert results[0][0] == "new"
+    # SET ... PX x fails in the lock script: that call alone reports it.
+    good = ("lock", [keys.SCHEDULER_LOCK], ["acquire", "w-1", 10_000])
+    bad = ("lock", ["another-lock"], ["acquire", "w-2", "x"])
+    results = await scripts.call_many(r, [good, bad, good])
+    assert results[0] == 1 and results[2] == 1
     assert isinstance(results[1], ResponseError)
-    assert seen == [("submit", True), ("submit", False)]
+    assert seen == [("lock", True), ("lock", False), ("lock", True)]
     with pytest.raises(ResponseError):
-        await scripts.call(r, "submit", bad_keys, good[2])
+        await scripts.call(r, *bad)
     assert await scripts.call_many(r, []) == []
 
 

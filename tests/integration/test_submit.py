@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from dtq import Queue, connect, keys
 from dtq.config import Settings
@@ -27,7 +28,7 @@ from dtq.errors import (
 )
 from dtq.events import Event
 from dtq.models import Task, TaskStatus, compact_json
-from dtq.store import RECENT_CAP
+from dtq.store import RECENT_CAP, SUBMIT_CHUNK
 
 ENTRY_FIELDS = {
     "task_id",
@@ -341,6 +342,72 @@ async def test_concurrent_submitters_never_pass_max_depth(
     assert len(accepted) == 10 and len(full) == 40
     assert await depth(r, "default") == 100
     assert len(await task_ids_in_redis(r)) == 100
+
+
+async def test_admission_is_exact_within_and_across_batches(
+    make_queue: QueueFactory, r: Redis
+) -> None:
+    """One submit.lua call reads a queue's depth once and counts its own entries: a batch never
+    passes the limit, whatever mix of queues, priorities and delays it holds."""
+    q = await make_queue(max_queue_depth=40)
+    n = 2 * SUBMIT_CHUNK + 10  # three script calls
+    items: list[dict[str, Any]] = []
+    for i in range(n):
+        item: dict[str, Any] = {"task_type": "echo_task", "payload": {"i": i}, "priority": i % 10}
+        if i % 7 == 3:
+            item["delay_seconds"] = 60  # admitted by the same rule, adds no entry
+        if i % 11 == 5:
+            item["queue"] = "side"  # its own depth
+        items.append(item)
+    results = await q.submit_many(items)
+    depth_seen = 0
+    for item, result in zip(items, results, strict=True):
+        if item.get("queue") == "side":
+            assert isinstance(result, Task) and result.queue == "side"
+            continue
+        if depth_seen >= 40:
+            assert isinstance(result, QueueFullError), item
+            assert result.details["depth"] == 40
+            continue
+        assert isinstance(result, Task), item
+        if "delay_seconds" not in item:
+            depth_seen += 1
+    assert await depth(r, "default") == 40
+    side = [i for i in items if i.get("queue") == "side" and "delay_seconds" not in i]
+    assert await depth(r, "side") == len(side)
+
+
+async def test_a_batch_creates_the_groups_of_a_new_queue(queue: Queue, r: Redis) -> None:
+    results = await queue.submit_many(
+        [{"task_type": "echo_task", "queue": "fresh", "priority": p} for p in (0, 9, 5, 9)]
+    )
+    assert all(isinstance(t, Task) and t.status is TaskStatus.QUEUED for t in results)
+    for key in keys.queue_streams("fresh"):
+        groups = await r.xinfo_groups(key)
+        assert [g["name"] for g in groups] == [keys.CONSUMER_GROUP], key
+    assert [await r.xlen(keys.stream("fresh", p)) for p in (9, 5, 0)] == [2, 1, 1]
+    assert await r.smembers(keys.QUEUES) == {"fresh"}
+
+
+async def test_a_redis_error_in_one_task_of_a_batch(queue: Queue, r: Redis) -> None:
+    """A key of the wrong type fails that task alone; the others of the call are submitted,
+    as separate calls would be, and the SDK raises the Redis error."""
+    reqs = [queue.build_request("echo_task", {"i": i}) for i in range(3)]
+    ids = ["a" * 32, "b" * 32, "c" * 32]
+    await r.set(keys.task(ids[1]), "not a hash")
+    [call] = queue.store.submit_calls(reqs, ids)
+    replies = await queue.scripts.call(r, *call)
+    assert [x[0] for x in replies] == ["new", "err", "new"]
+    assert replies[1][1] == "REDIS" and "WRONGTYPE" in replies[1][2]
+    assert (await queue.get(ids[0])).payload == {"i": 0}
+    assert (await queue.get(ids[2])).payload == {"i": 2}
+    # Through the SDK: the task id is the first id the store draws (the event id the second).
+    await r.set(keys.task("d" * 32), "not a hash")
+    drawn = iter(["d" * 32, "e" * 32])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("dtq.store.new_id", lambda: next(drawn))
+        with pytest.raises(ResponseError, match="WRONGTYPE"):
+            await queue.submit("echo_task", {})
 
 
 # -- indexes, events, history, expiration ------------------------------------------------------

@@ -1,13 +1,15 @@
-"""Concurrent ``submit`` calls share pipelines (DESIGN 3, the hot path is batched; issue 8).
+"""Concurrent ``submit`` calls share round trips (DESIGN 3, the hot path is batched; issue 8).
 
 ``Store.submit`` sends a lone call at once; calls made while another is in flight wait for the
-next pipeline and share it. Each is still its own atomic script call: its own task, its own
-error, and a call cancelled before its batch is sent is never sent.
+next batch and share it (``submit.lua`` calls of up to ``SUBMIT_CHUNK`` tasks, one pipeline).
+Each is still decided on its own: its own task, its own error, and a call cancelled before its
+batch is sent is never sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -18,29 +20,47 @@ from dtq.config import Settings
 from dtq.devserver import free_port
 from dtq.errors import IdempotencyInProgressError, RedisUnavailableError
 from dtq.models import TaskStatus
+from dtq.scripts import Call
 
 
 async def _stream_len(r: Redis, queue: str = "default") -> int:
     return sum([await r.xlen(k) for k in keys.queue_streams(queue)])
 
 
-async def test_concurrent_submits_share_pipelines(
-    queue: Queue, r: Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pipelines: list[int] = []
-    call_many = queue.scripts.call_many
+def count_round_trips(queue: Queue, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of tasks in each round trip of submit.lua calls the queue sends."""
+    trips: list[int] = []
+    scripts = queue.scripts
+    call, call_many = scripts.call, scripts.call_many
 
-    async def counting(redis: Redis, calls: Any) -> list[Any]:
-        pipelines.append(len(calls))
+    def tasks_in(args: Sequence[Any]) -> int:
+        return (len(args) - 6) // 15  # submit.lua: 6 common ARGV, 15 per task
+
+    async def one(redis: Redis, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if name == "submit":
+            trips.append(tasks_in(args))
+        return await call(redis, name, keys, args)
+
+    async def many(redis: Redis, calls: Sequence[Call]) -> list[Any]:
+        if calls and calls[0][0] == "submit":
+            trips.append(sum(tasks_in(args) for _, _, args in calls))
         return await call_many(redis, calls)
 
-    monkeypatch.setattr(queue.scripts, "call_many", counting)
+    monkeypatch.setattr(scripts, "call", one)
+    monkeypatch.setattr(scripts, "call_many", many)
+    return trips
+
+
+async def test_concurrent_submits_share_round_trips(
+    queue: Queue, r: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips = count_round_trips(queue, monkeypatch)
     tasks = await asyncio.gather(*(queue.submit("echo_task", {"i": i}) for i in range(64)))
 
     assert len({t.task_id for t in tasks}) == 64
     assert [t.payload["i"] for t in tasks] == list(range(64))
-    assert sum(pipelines) == 64
-    assert len(pipelines) <= 3  # the first call alone, the 63 others together
+    assert sum(trips) == 64
+    assert len(trips) <= 3  # the first call alone, the 63 others together
     for t in tasks:
         assert await r.hget(keys.task(t.task_id), "status") == TaskStatus.QUEUED.value
     assert await _stream_len(r) == 64
@@ -49,17 +69,10 @@ async def test_concurrent_submits_share_pipelines(
 async def test_a_lone_submit_is_sent_at_once(
     queue: Queue, r: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pipelines: list[int] = []
-    call_many = queue.scripts.call_many
-
-    async def counting(redis: Redis, calls: Any) -> list[Any]:
-        pipelines.append(len(calls))
-        return await call_many(redis, calls)
-
-    monkeypatch.setattr(queue.scripts, "call_many", counting)
+    trips = count_round_trips(queue, monkeypatch)
     for i in range(3):
         await queue.submit("echo_task", {"i": i})
-    assert pipelines == [1, 1, 1]
+    assert trips == [1, 1, 1]
 
 
 async def test_errors_stay_with_their_call(queue: Queue, r: Redis) -> None:

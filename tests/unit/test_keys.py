@@ -28,6 +28,7 @@ def test_per_task_and_per_queue_names() -> None:
     tid = "0123456789abcdef0123456789abcdef"
     assert keys.task(tid) == f"dtq:task:{tid}"
     assert keys.history(tid) == f"dtq:task:{tid}:history"
+    assert keys.payload(tid) == f"dtq:task:{tid}:payload"
     assert keys.result(tid) == f"dtq:result:{tid}"
     assert keys.idempotency("emails", "order-42") == "dtq:idempotency:emails:order-42"
     assert keys.worker("worker-0a1b2c3d") == "dtq:worker:worker-0a1b2c3d"

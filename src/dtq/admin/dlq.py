@@ -168,6 +168,7 @@ async def dlq_requeue(store: Store, task_id: str, *, audit: Audit | None = None)
                 keys.AUDIT,
                 keys.EXPIRY,
                 *keys.queue_streams(queue),
+                keys.payload(task_id),
             ],
             [
                 task_id,
@@ -198,7 +199,13 @@ async def dlq_discard(store: Store, task_id: str, *, audit: Audit | None = None)
         reply = await store.scripts.call(
             store.redis,
             "dlq_discard",
-            [keys.task(task_id), keys.history(task_id), keys.DEAD_LETTER, keys.AUDIT],
+            [
+                keys.task(task_id),
+                keys.history(task_id),
+                keys.DEAD_LETTER,
+                keys.AUDIT,
+                keys.payload(task_id),
+            ],
             [
                 task_id,
                 h.get("metadata", ""),
@@ -242,7 +249,7 @@ async def dlq_purge(store: Store, *, audit: Audit | None = None) -> int:
             new = ""
             if status == TaskStatus.DEAD_LETTERED:
                 new = compact_json({**load_metadata(raw), "discarded": True})
-            call_keys += [keys.task(tid), keys.history(tid)]
+            call_keys += [keys.task(tid), keys.history(tid), keys.payload(tid)]
             args += [eid, tid, raw or "", new]
         reply = await store.scripts.call(redis, "dlq_purge", call_keys, args)
         removed += int(reply[0])

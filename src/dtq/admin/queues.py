@@ -80,7 +80,12 @@ class _Purge:
                 expect, new = raw or "", compact_json({**load_metadata(raw), "purged": True})
             else:
                 continue
-            call_keys += [keys.task(tid), keys.history(tid), keys.idempotency(queue, idem)]
+            call_keys += [
+                keys.task(tid),
+                keys.history(tid),
+                keys.idempotency(queue, idem),
+                keys.payload(tid),
+            ]
             args += [tid, seen, band, new_id(), expect, new]
             sent += 1
         if not sent:

@@ -48,6 +48,7 @@ def _cancel_call(
             keys.CANCELLED,
             keys.idempotency(queue, idem),
             keys.AUDIT,
+            keys.payload(task_id),
         ],
         [
             task_id,
@@ -111,6 +112,7 @@ def _expire_call(
             keys.stream(queue, priority),
             keys.idempotency(queue, idem),
             keys.AUDIT,
+            keys.payload(task_id),
         ],
         [
             task_id,

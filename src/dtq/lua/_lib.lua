@@ -28,6 +28,7 @@ local function iso(ms)
 end
 
 -- Append one state change to the task's history (DESIGN 7): capped at 100, same TTL as the hash.
+-- RPUSH returns the new length: a list of 100 or fewer needs no LTRIM (the common case).
 local function hist(key, retention_s, ts, from, to, attempt, worker, reason, extra)
   local e = extra or {}
   e.ts = ts
@@ -36,8 +37,9 @@ local function hist(key, retention_s, ts, from, to, attempt, worker, reason, ext
   e.attempt = tonumber(attempt) or 0
   if worker and worker ~= '' then e.worker_id = worker end
   if reason and reason ~= '' then e.reason = reason end
-  redis.call('RPUSH', key, cjson.encode(e))
-  redis.call('LTRIM', key, -100, -1)
+  if redis.call('RPUSH', key, cjson.encode(e)) > 100 then
+    redis.call('LTRIM', key, -100, -1)
+  end
   redis.call('EXPIRE', key, retention_s)
 end
 
@@ -79,4 +81,21 @@ local function audit(key, actor, request_id, action, task_id, queue, ts)
   if actor == nil or actor == '' then return end
   redis.call('XADD', key, 'MAXLEN', '~', 10000, '*', 'actor', actor, 'action', action,
     'task_id', task_id or '', 'queue', queue or '', 'ts', ts, 'request_id', request_id or '')
+end
+
+-- The task's payload key (dtq:task:<id>:payload) lives and dies with its hash: every script that
+-- refreshes the hash's TTL refreshes both, the payload second, so that on Redis 6.2 (where each
+-- EXPIRE reads the clock) the payload never expires before the hash. Readers outside a script
+-- read the payload key first: then a hash they find always has its payload.
+local function keep(hash_key, payload_key, retention_s)
+  redis.call('EXPIRE', hash_key, retention_s)
+  redis.call('EXPIRE', payload_key, retention_s)
+end
+
+-- The task's payload JSON: its own key, or the hash's `payload` field for a task submitted
+-- before the payload had its own key (an upgrade with tasks in flight). '{}' when neither is
+-- there, which dtq never leaves (both are removed only by expiry, and together); it is what a
+-- read of such a task shows too.
+local function task_payload(hash_key, payload_key)
+  return redis.call('GET', payload_key) or redis.call('HGET', hash_key, 'payload') or '{}'
 end

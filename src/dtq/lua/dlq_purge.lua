@@ -7,7 +7,7 @@
 -- (an empty DLQ still gets its audit entry).
 --
 -- KEYS[1] = dtq:stream:dead-letter   KEYS[2] = dtq:stream:audit
--- KEYS[3 + 2i], KEYS[4 + 2i] = dtq:task:<id_i>, dtq:task:<id_i>:history   (i = 0 .. n-1)
+-- KEYS[3 + 3i .. 5 + 3i] = dtq:task:<id_i>, its :history, its :payload   (i = 0 .. n-1)
 -- ARGV[1] audit actor ("" = no audit entry)  [2] audit request_id or ""  [3] task retention s
 -- ARGV[4 + 4i .. 7 + 4i] = entry id, task_id, metadata JSON read by the caller,
 --                          new metadata JSON ("" = leave the hash alone)
@@ -19,7 +19,7 @@ local n = (#ARGV - 3) / 4
 for i = 0, n - 1 do
   local a = 4 + 4 * i
   local entry_id, task_id, expect, meta = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local kh, khist = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
+  local kh, khist, kpayload = KEYS[3 + 3 * i], KEYS[4 + 3 * i], KEYS[5 + 3 * i]
   removed = removed + redis.call('XDEL', KEYS[1], entry_id)
   if meta ~= '' then
     local h = redis.call('HMGET', kh, 'status', 'metadata', 'dlq_entry_id', 'attempt')
@@ -27,7 +27,7 @@ for i = 0, n - 1 do
         and (not h[3] or h[3] == '' or h[3] == entry_id) then
       redis.call('HDEL', kh, 'dlq_entry_id')
       redis.call('HSET', kh, 'metadata', meta, 'updated_at', ts)
-      redis.call('EXPIRE', kh, retention)
+      keep(kh, kpayload, retention)
       hist(khist, retention, ts, 'dead_lettered', 'dead_lettered', h[4], nil, 'dlq_purge',
         {dlq_entry_id = entry_id, task_id = task_id})
       marked = marked + 1

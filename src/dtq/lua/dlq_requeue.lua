@@ -11,6 +11,7 @@
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:stream:dead-letter
 -- KEYS[4] = dtq:idempotency:<queue>:<key> (placeholder when none)   KEYS[5] = dtq:stream:audit
 -- KEYS[6] = dtq:expiry   KEYS[7..16] = dtq:stream:<queue>:p9 .. p0
+-- KEYS[17] = dtq:task:<id>:payload (the new entry's payload; its TTL kept with the hash's)
 -- ARGV[1] task_id  [2] metadata JSON read by the caller  [3] new metadata JSON
 -- ARGV[4] DLQ entry id found by scanning, "" (used when the hash has no dlq_entry_id)
 -- ARGV[5] task retention s  [6] idempotency TTL s  [7] events channel  [8] event_id
@@ -19,7 +20,7 @@
 --       | {"err", "NOT_FOUND"} | {"err", "STATUS", status} | {"err", "STALE"}
 --       | {"err", "DEADLINE", expires_at}
 local task_id = ARGV[1]
-local h = redis.call('HMGET', KEYS[1], 'status', 'metadata', 'queue', 'task_type', 'payload',
+local h = redis.call('HMGET', KEYS[1], 'status', 'metadata', 'queue', 'task_type',
   'max_attempts', 'priority', 'timeout_ms', 'idempotency_key', 'attempt', 'dlq_entry_id',
   'expires_at_ms', 'expires_at')
 local status = h[1]
@@ -27,31 +28,31 @@ if not status then return {'err', 'NOT_FOUND'} end
 if status ~= 'dead_lettered' then return {'err', 'STATUS', status} end
 if (h[2] or '') ~= ARGV[2] then return {'err', 'STALE'} end
 local now = now_ms()
-local exp_ms = tonumber(h[12] or '')
-if exp_ms and exp_ms <= now then return {'err', 'DEADLINE', h[13] or ''} end
+local exp_ms = tonumber(h[11] or '')
+if exp_ms and exp_ms <= now then return {'err', 'DEADLINE', h[12] or ''} end
 local ts = iso(now)
 local retention = tonumber(ARGV[5])
-local queue, idem = h[3], h[9] or ''
+local queue, idem = h[3], h[8] or ''
 
-local dlq_id = h[11]
+local dlq_id = h[10]
 if not dlq_id or dlq_id == '' then dlq_id = ARGV[4] end
 local removed = 0
 if dlq_id ~= '' then removed = redis.call('XDEL', KEYS[3], dlq_id) end
 
-local stream = KEYS[7 + (9 - tonumber(h[7]))]
+local stream = KEYS[7 + (9 - tonumber(h[6]))]
 if redis.call('EXISTS', stream) == 0 then
   redis.call('XGROUP', 'CREATE', stream, 'workers', '0', 'MKSTREAM')
 end
 local entry_id = redis.call('XADD', stream, '*', 'task_id', task_id, 'queue', queue,
-  'task_type', h[4], 'payload', h[5], 'attempt', 1, 'max_attempts', h[6], 'priority', h[7],
-  'timeout_ms', h[8], 'idempotency_key', idem)
+  'task_type', h[4], 'payload', task_payload(KEYS[1], KEYS[17]), 'attempt', 1,
+  'max_attempts', h[5], 'priority', h[6], 'timeout_ms', h[7], 'idempotency_key', idem)
 
 redis.call('HDEL', KEYS[1], 'started_at', 'finished_at', 'duration_ms', 'worker_id',
   'error_class', 'error_message', 'retryable', 'retry_delay_ms', 'cancel_requested',
   'dlq_entry_id', 'result_truncated')
 redis.call('HSET', KEYS[1], 'status', 'queued', 'attempt', 0, 'metadata', ARGV[3],
   'entry_id', entry_id, 'available_at', ts, 'updated_at', ts)
-redis.call('EXPIRE', KEYS[1], retention)
+keep(KEYS[1], KEYS[17], retention)
 if exp_ms then redis.call('ZADD', KEYS[6], exp_ms, task_id) end
 if idem ~= '' then
   local rec = redis.call('GET', KEYS[4])
@@ -60,7 +61,7 @@ if idem ~= '' then
   end
 end
 hist(KEYS[2], retention, ts, 'dead_lettered', 'queued', 0, nil, 'dlq_requeue',
-  {previous_attempt = tonumber(h[10]) or 0, dlq_entry_id = dlq_id})
+  {previous_attempt = tonumber(h[9]) or 0, dlq_entry_id = dlq_id})
 emit(ARGV[7], ARGV[8], ts, 'TASK_QUEUED', task_id, queue, h[4], 0, nil, {requeued = true})
 audit(KEYS[5], ARGV[9], ARGV[10], 'dlq_requeue', task_id, queue, ts)
 return {'queued', entry_id, now, removed}

@@ -6,6 +6,7 @@
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:retry:schedule
 -- KEYS[4] = dtq:retry:claimed   KEYS[5] = dtq:expiry   KEYS[6] = dtq:stream:<queue>:p<N>
 -- KEYS[7] = dtq:idempotency:<queue>:<key> (placeholder when none)   KEYS[8] = dtq:stream:audit
+-- KEYS[9] = dtq:task:<id>:payload (its TTL kept with the hash's)
 -- ARGV[1] task_id  [2] mode: "manual" (now, whatever expires_at says) | "sweep" (only if due)
 -- ARGV[3] task retention s  [4] idempotency TTL s  [5] events channel  [6] event_id
 -- ARGV[7] audit actor ("" = no audit entry, as for the sweep)  [8] audit request_id or ""
@@ -45,7 +46,7 @@ if status == 'retrying' then
   from = 'queued'
 end
 redis.call('HSET', KEYS[1], 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
-redis.call('EXPIRE', KEYS[1], retention)
+keep(KEYS[1], KEYS[9], retention)
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])

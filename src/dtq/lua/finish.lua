@@ -26,6 +26,7 @@
 -- KEYS[4] = dtq:retry:schedule   KEYS[5] = dtq:expiry
 -- KEYS[6] = dtq:idempotency:<queue>:<key> (placeholder when none)
 -- KEYS[7] = dtq:stream:dead-letter   KEYS[8] = dtq:result:<id>   KEYS[9] = dtq:cancelled
+-- KEYS[10] = dtq:task:<id>:payload (the dead-letter entry's payload; TTL kept with the hash's)
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] attempt
 -- ARGV[6] outcome  [7] result JSON ("" if none)  [8] result too large "1"/"0"
 -- ARGV[9] error_class  [10] error_message (sanitized)  [11] retryable "1"/"0"
@@ -129,10 +130,11 @@ elseif to == 'cancelled' then
 else
   etype = to == 'failed' and 'TASK_FAILED' or 'TASK_DEAD_LETTERED'
   if to == 'dead_lettered' then
-    local d = redis.call('HMGET', KEYS[1], 'payload', 'priority', 'timeout_ms')
+    local d = redis.call('HMGET', KEYS[1], 'priority', 'timeout_ms')
     local dlq_id = redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[21], '*',
-      'task_id', task_id, 'queue', queue, 'task_type', task_type, 'payload', d[1],
-      'attempt', attempt, 'max_attempts', max_attempts, 'priority', d[2], 'timeout_ms', d[3],
+      'task_id', task_id, 'queue', queue, 'task_type', task_type,
+      'payload', task_payload(KEYS[1], KEYS[10]),
+      'attempt', attempt, 'max_attempts', max_attempts, 'priority', d[1], 'timeout_ms', d[2],
       'idempotency_key', idem, 'failed_at_ms', now, 'attempts_made', attempt,
       'last_error', message, 'last_error_class', error_class, 'retryable', retryable,
       'worker_id', worker, 'original_queue', queue)
@@ -146,7 +148,7 @@ else
 end
 
 redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('EXPIRE', KEYS[1], retention)
+keep(KEYS[1], KEYS[10], retention)
 redis.call('XACK', KEYS[3], group, entry_id)
 redis.call('XDEL', KEYS[3], entry_id)
 redis.call('SREM', KEYS[9], task_id)

@@ -13,14 +13,14 @@
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:retry:schedule
 -- KEYS[4] = dtq:retry:claimed   KEYS[5] = dtq:expiry   KEYS[6] = dtq:stream:<queue>:p<N>
 -- KEYS[7] = dtq:idempotency:<queue>:<key> (placeholder when none)
+-- KEYS[8] = dtq:task:<id>:payload (the entry's payload; its TTL refreshed with the hash's)
 -- ARGV[1] task_id  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] event_id
 -- Returns {"queued", from, entry_id, attempt} | {"expired", from} | {"skip", why}
 local task_id = ARGV[1]
 if not redis.call('ZSCORE', KEYS[4], task_id) then return {'skip', 'not_claimed'} end
 local h = redis.call('HMGET', KEYS[1], 'status', 'queue', 'task_type', 'attempt',
-  'max_attempts', 'priority', 'timeout_ms', 'payload', 'idempotency_key', 'expires_at_ms',
-  'expires_at')
+  'max_attempts', 'priority', 'timeout_ms', 'idempotency_key', 'expires_at_ms', 'expires_at')
 local status = h[1]
 if not status then
   redis.call('ZREM', KEYS[4], task_id)
@@ -35,7 +35,7 @@ local now = now_ms()
 local ts = iso(now)
 local retention = tonumber(ARGV[2])
 local attempt = tonumber(h[4]) or 0
-local exp = h[10]
+local exp = h[9]
 
 if exp and exp ~= '' and tonumber(exp) <= now then
   local from = status
@@ -44,14 +44,14 @@ if exp and exp ~= '' and tonumber(exp) <= now then
     from = 'queued'
   end
   redis.call('HSET', KEYS[1], 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
-  redis.call('EXPIRE', KEYS[1], retention)
+  keep(KEYS[1], KEYS[8], retention)
   redis.call('ZREM', KEYS[3], task_id)
   redis.call('ZREM', KEYS[4], task_id)
   redis.call('ZREM', KEYS[5], task_id)
-  idem_state(KEYS[7], h[9], task_id, 'failed', ts, ARGV[3])
+  idem_state(KEYS[7], h[8], task_id, 'failed', ts, ARGV[3])
   hist(KEYS[2], retention, ts, from, 'expired', attempt, nil, 'ttl', {expired_at = ts})
   local meta = {expired_at = ts, reason = 'ttl'}
-  if h[11] and h[11] ~= '' then meta.expires_at = h[11] end
+  if h[10] and h[10] ~= '' then meta.expires_at = h[10] end
   emit(ARGV[4], ARGV[5], ts, 'TASK_EXPIRED', task_id, h[2], h[3], attempt, nil, meta)
   return {'expired', status}
 end
@@ -62,10 +62,10 @@ if redis.call('EXISTS', stream) == 0 then
 end
 local next_attempt = attempt + 1
 local entry_id = redis.call('XADD', stream, '*', 'task_id', task_id, 'queue', h[2],
-  'task_type', h[3], 'payload', h[8], 'attempt', next_attempt, 'max_attempts', h[5],
-  'priority', h[6], 'timeout_ms', h[7], 'idempotency_key', h[9] or '')
+  'task_type', h[3], 'payload', task_payload(KEYS[1], KEYS[8]), 'attempt', next_attempt,
+  'max_attempts', h[5], 'priority', h[6], 'timeout_ms', h[7], 'idempotency_key', h[8] or '')
 redis.call('HSET', KEYS[1], 'status', 'queued', 'entry_id', entry_id, 'updated_at', ts)
-redis.call('EXPIRE', KEYS[1], retention)
+keep(KEYS[1], KEYS[8], retention)
 redis.call('ZREM', KEYS[3], task_id)
 redis.call('ZREM', KEYS[4], task_id)
 if exp and exp ~= '' then redis.call('ZADD', KEYS[5], exp, task_id) end

@@ -30,6 +30,7 @@
 -- KEYS[4] = dtq:cancelled   KEYS[5] = dtq:expiry
 -- KEYS[6] = dtq:idempotency:<queue>:<key> (placeholder when none)
 -- KEYS[7] = dtq:stream:dead-letter
+-- KEYS[8] = dtq:task:<id>:payload (the dead-letter entry's payload; its TTL kept with the hash's)
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] task retention s
 -- ARGV[6] idempotency TTL s  [7] events channel  [8] event_id  [9] DLQ enabled "1"/"0"
 -- ARGV[10] DLQ maxlen
@@ -79,7 +80,7 @@ end
 -- A running task ends here without running again: cancelled, or dead (attempts exhausted).
 local function cancel_now(from, reason)
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ts, 'updated_at', ts)
-  redis.call('EXPIRE', KEYS[1], retention)
+  keep(KEYS[1], KEYS[8], retention)
   redis.call('ZREM', KEYS[5], task_id)
   redis.call('SREM', KEYS[4], task_id)
   consume()
@@ -104,19 +105,20 @@ if status == 'running' then
     local extra = {error_class = 'WorkerLost'}
     if ARGV[9] == '1' then
       to = 'dead_lettered'
-      local d = redis.call('HMGET', KEYS[1], 'payload', 'priority', 'worker_id')
+      local d = redis.call('HMGET', KEYS[1], 'priority', 'worker_id')
       local dlq_id = redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[10], '*',
-        'task_id', task_id, 'queue', queue, 'task_type', task_type, 'payload', d[1],
-        'attempt', prev, 'max_attempts', max_attempts, 'priority', d[2], 'timeout_ms', h[5],
+        'task_id', task_id, 'queue', queue, 'task_type', task_type,
+        'payload', task_payload(KEYS[1], KEYS[8]),
+        'attempt', prev, 'max_attempts', max_attempts, 'priority', d[1], 'timeout_ms', h[5],
         'idempotency_key', idem, 'failed_at_ms', now, 'attempts_made', prev,
         'last_error', message, 'last_error_class', 'WorkerLost', 'retryable', '1',
-        'worker_id', d[3] or '', 'original_queue', queue)
+        'worker_id', d[2] or '', 'original_queue', queue)
       redis.call('HSET', KEYS[1], 'dlq_entry_id', dlq_id)
       extra.dlq_entry_id = dlq_id
     end
     redis.call('HSET', KEYS[1], 'status', to, 'finished_at', ts, 'updated_at', ts,
       'error_class', 'WorkerLost', 'error_message', message, 'retryable', '1')
-    redis.call('EXPIRE', KEYS[1], retention)
+    keep(KEYS[1], KEYS[8], retention)
     redis.call('ZREM', KEYS[5], task_id)
     consume()
     idem_state(KEYS[6], idem, task_id, 'failed', ts, ARGV[6])
@@ -129,7 +131,7 @@ else
   local exp_ms = tonumber(h[6] or '')
   if exp_ms ~= nil and exp_ms <= now then
     redis.call('HSET', KEYS[1], 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
-    redis.call('EXPIRE', KEYS[1], retention)
+    keep(KEYS[1], KEYS[8], retention)
     redis.call('ZREM', KEYS[5], task_id)
     consume()
     idem_state(KEYS[6], idem, task_id, 'failed', ts, ARGV[6])
@@ -142,9 +144,13 @@ end
 
 redis.call('HSET', KEYS[1], 'status', 'running', 'attempt', attempt, 'started_at', ts,
   'worker_id', worker, 'updated_at', ts)
-redis.call('HDEL', KEYS[1], 'finished_at', 'duration_ms', 'error_class', 'error_message',
-  'retryable')
-redis.call('EXPIRE', KEYS[1], retention)
+if prev > 0 then
+  -- The last attempt's outcome. A first attempt (attempt 0: just submitted or requeued from the
+  -- DLQ, which clears them) has none to clear.
+  redis.call('HDEL', KEYS[1], 'finished_at', 'duration_ms', 'error_class', 'error_message',
+    'retryable')
+end
+keep(KEYS[1], KEYS[8], retention)
 redis.call('ZREM', KEYS[5], task_id)
 redis.call('XCLAIM', KEYS[3], group, worker, 0, entry_id, 'IDLE', 0, 'JUSTID')
 local reason = status == 'running' and 'redelivered' or 'started'

@@ -1,145 +1,206 @@
--- submit.lua: ingest one task atomically (DESIGN 3, contract sections 2, 5, 7).
--- Idempotency lookup, admission check, hash, history, recent index, expiry index, then the
--- stream entry (QUEUED) or the schedule member (PENDING, delayed), and the TASK_QUEUED event.
--- A task whose deadline has already passed (ttl 0) is accepted and marked EXPIRED at once.
+-- submit.lua: ingest a batch of tasks (1 to SUBMIT_CHUNK = 32) in one atomic call (DESIGN 3,
+-- contract sections 2, 5, 7). Each task is decided on its own, in order, exactly as if it were
+-- alone: idempotency lookup, admission check, hash, payload key, history, recent index, expiry
+-- index, then the stream entry (QUEUED) or the schedule member (PENDING, delayed), and the
+-- TASK_QUEUED event. A task whose deadline has already passed (ttl 0) is accepted and marked
+-- EXPIRED at once. One reply per task; a Redis error in one task (e.g. a key of the wrong type)
+-- is that task's reply, and the others go on (as separate script calls would).
 --
--- KEYS[1] = dtq:task:<id>            KEYS[2] = dtq:task:<id>:history
--- KEYS[3] = dtq:idempotency:<queue>:<key> (placeholder when no key)
--- KEYS[4] = dtq:retry:schedule       KEYS[5] = dtq:tasks:recent
--- KEYS[6] = dtq:expiry               KEYS[7] = dtq:queues
--- KEYS[8..17] = dtq:stream:<queue>:p9 .. p0
--- ARGV[1] task_id  [2] task_type  [3] payload JSON  [4] queue  [5] idempotency_key or ""
--- ARGV[6] max_attempts  [7] priority  [8] timeout_ms  [9] metadata JSON
--- ARGV[10] delay_ms  [11] schedule_at_ms or ""  [12] ttl_ms or ""  [13] expires_at_ms or ""
--- ARGV[14] max queue depth  [15] task retention s  [16] idempotency TTL s
--- ARGV[17] events channel  [18] event_id  [19] recent-index cap
--- Cost (docs/performance.md): one HSET, the stream entry before it so the hash is written once;
--- each ISO timestamp formatted once; the history entry and the event are JSON strings built
--- by concatenation, which is safe because every value in them is a validated task type or
--- queue name (no character that JSON escapes), a hex id or a timestamp.
--- Returns {"new", status, entry_id or "", now_ms, due_ms, expires_at_ms or ""}
+-- KEYS[1] = dtq:retry:schedule   KEYS[2] = dtq:tasks:recent   KEYS[3] = dtq:expiry
+-- KEYS[4] = dtq:queues
+-- KEYS[5 + 10q .. 14 + 10q] = dtq:stream:<queue q>:p9 .. p0, for each queue q = 0 .. Q-1 of the
+--   batch
+-- KEYS[T + 4i .. T + 3 + 4i], T = 5 + 10Q, for each task i = 0 .. n-1: dtq:task:<id>, its
+--   :history, dtq:idempotency:<queue>:<key> (placeholder when no key), its :payload (the payload
+--   JSON, with the hash's TTL: docs/redis-schema.md)
+-- ARGV[1] max queue depth  [2] task retention s  [3] idempotency TTL s  [4] events channel
+-- ARGV[5] recent-index cap  [6] Q, the number of queues
+-- ARGV[7 + 15i .. 21 + 15i], for each task i: task_id, task_type, payload JSON, queue,
+--   its queue's index q, idempotency_key or "", max_attempts, priority, timeout_ms,
+--   metadata JSON, delay_ms, schedule_at_ms or "", ttl_ms or "", expires_at_ms or "", event_id
+--
+-- Admission is exact: the queue's depth (XLEN of its ten streams) is read once per batch and then
+-- counted up with each entry this call adds; no other command runs meanwhile (one script).
+-- All tasks of a batch share one Redis TIME (created_at).
+-- Cost (docs/performance.md): per batch, the EVALSHA, TIME and the ISO timestamp, the XLENs of
+-- each queue, one ZADD + ZREMRANGEBYRANK of the recent index and one SADD per queue; per task,
+-- one HSET (the stream entry before it, so the hash is written once, and every value under 64
+-- bytes: the hash stays compact), the payload SET, the history RPUSH, two EXPIRE, the XADD or
+-- ZADD and the PUBLISH. The history entry and the event are JSON strings built by concatenation,
+-- which is safe because every value in them is a validated task type or queue name (no
+-- character that JSON escapes), a hex id or a timestamp.
+-- Returns one reply per task, in order:
+--         {"new", status, entry_id or "", now_ms, due_ms, expires_at_ms or ""}
 --       | {"dup", state, task_id}
---       | {"err", code, detail}
-local task_id, task_type, queue, idem = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
-local priority = tonumber(ARGV[7])
-local retention = tonumber(ARGV[15])
+--       | {"err", code, detail}   (code "REDIS": a Redis error, detail its message)
 local call = redis.call
-
-if idem ~= '' then
-  local rec = call('GET', KEYS[3])
-  if rec then
-    local r = cjson.decode(rec)
-    if r.state == 'processing' then return {'err', 'IDEMPOTENCY_IN_PROGRESS', r.task_id} end
-    return {'dup', r.state, r.task_id}
-  end
-end
-
--- Admission: the exact depth of the queue's ten streams. The length of the task's own stream
--- also says whether it exists (more than 0 entries), which saves an EXISTS below.
-local depth = 0
-local stream_i = 8 + (9 - priority)
-local stream_len = 0
-for i = 8, 17 do
-  local n = call('XLEN', KEYS[i])
-  if i == stream_i then stream_len = n end
-  depth = depth + n
-end
-if depth >= tonumber(ARGV[14]) then return {'err', 'QUEUE_FULL', tostring(depth)} end
+local max_depth = tonumber(ARGV[1])
+local retention = tonumber(ARGV[2])
+local idem_ttl = ARGV[3]
+local channel = ARGV[4]
+local nq = tonumber(ARGV[6])
+local first_task_key = 5 + 10 * nq
+local n = (#ARGV - 6) / 15
 
 local now = now_ms()
 local ts = iso(now)
-local due = now
-if ARGV[11] ~= '' then due = tonumber(ARGV[11])
-elseif tonumber(ARGV[10]) > 0 then due = now + tonumber(ARGV[10]) end
-local exp_ms = nil
-if ARGV[13] ~= '' then exp_ms = tonumber(ARGV[13])
-elseif ARGV[12] ~= '' then exp_ms = now + tonumber(ARGV[12]) end
 
-local delayed = due > now
-local status = delayed and 'pending' or 'queued'
-local expired = exp_ms ~= nil and exp_ms <= now
-if expired then status = 'expired' end
--- Each ISO string is formatted once.
-local avail = due == now and ts or iso(due)
-local exp_iso = exp_ms and iso(exp_ms) or ''
+-- Per queue of the batch: the length of each stream (band 0 = p9 .. 9 = p0), read at its first
+-- task, its depth, whether each stream is known to exist, and whether it is in dtq:queues.
+local lens, depth, exists, listed = {}, {}, {}, {}
 
--- The history entry and the event, as JSON strings (see the header).
-local first = delayed and 'pending' or 'queued'
-local h1 = '{"ts":"' .. ts .. '","from":null,"to":"' .. first .. '","attempt":0,"reason":"created"'
-if exp_ms then h1 = h1 .. ',"expires_at":"' .. exp_iso .. '"' end
-h1 = h1 .. '}'
-local ev_head = '{"event_id":"' .. ARGV[18] .. '","ts":"' .. ts .. '","type":"'
-local ev_tail = '","task_id":"' .. task_id .. '","queue":"' .. queue .. '","task_type":"' ..
-  task_type .. '","attempt":0,"worker_id":null'
-
-local entry_id = ''
-if expired then
-  call('HSET', KEYS[1], 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
-    'payload', ARGV[3], 'created_at', ts, 'created_ms', now, 'available_at', avail,
-    'updated_at', ts, 'attempt', 0, 'max_attempts', ARGV[6], 'priority', ARGV[7],
-    'timeout_ms', ARGV[8], 'status', status, 'queue', queue, 'metadata', ARGV[9],
-    'expires_at', exp_iso, 'expires_at_ms', exp_ms, 'expired_at', ts)
-else
-  if not delayed then
-    -- The stream entry first, so that the hash is written once, entry id included.
-    local stream = KEYS[stream_i]
-    if stream_len == 0 and call('EXISTS', stream) == 0 then
-      -- A new stream: ensure the group on all ten streams of the queue (issue 2), so that a
-      -- worker's XREADGROUP over p9..p0 never meets a stream without it (NOGROUP).
-      for i = 8, 17 do
-        if call('EXISTS', KEYS[i]) == 0 then
-          call('XGROUP', 'CREATE', KEYS[i], 'workers', '0', 'MKSTREAM')
-        end
-      end
+local function queue_state(q)
+  if depth[q] == nil then
+    local l, d, base = {}, 0, 5 + 10 * q
+    for band = 0, 9 do
+      local x = call('XLEN', KEYS[base + band])
+      l[band] = x
+      d = d + x
     end
-    entry_id = call('XADD', stream, '*', 'task_id', task_id, 'queue', queue,
-      'task_type', task_type, 'payload', ARGV[3], 'attempt', 1, 'max_attempts', ARGV[6],
-      'priority', ARGV[7], 'timeout_ms', ARGV[8], 'idempotency_key', idem)
-    call('HSET', KEYS[1], 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
-      'payload', ARGV[3], 'created_at', ts, 'created_ms', now, 'available_at', avail,
-      'updated_at', ts, 'attempt', 0, 'max_attempts', ARGV[6], 'priority', ARGV[7],
-      'timeout_ms', ARGV[8], 'status', status, 'queue', queue, 'metadata', ARGV[9],
-      'expires_at', exp_iso, 'expires_at_ms', exp_ms or '', 'entry_id', entry_id)
-  else
-    call('HSET', KEYS[1], 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
-      'payload', ARGV[3], 'created_at', ts, 'created_ms', now, 'available_at', avail,
-      'updated_at', ts, 'attempt', 0, 'max_attempts', ARGV[6], 'priority', ARGV[7],
-      'timeout_ms', ARGV[8], 'status', status, 'queue', queue, 'metadata', ARGV[9],
-      'expires_at', exp_iso, 'expires_at_ms', exp_ms or '')
+    lens[q], depth[q], exists[q] = l, d, {}
   end
 end
-call('EXPIRE', KEYS[1], retention)
-call('ZADD', KEYS[5], now, task_id)
-call('ZREMRANGEBYRANK', KEYS[5], 0, -(tonumber(ARGV[19]) + 1))
-call('SADD', KEYS[7], queue)
--- The history list is new (a fresh task id) and holds at most two entries here: no LTRIM.
-if expired then
-  call('RPUSH', KEYS[2], h1, '{"ts":"' .. ts .. '","from":"' .. first ..
-    '","to":"expired","attempt":0,"reason":"ttl","expired_at":"' .. ts .. '"}')
-  call('EXPIRE', KEYS[2], retention)
+
+-- A new stream: ensure the group on all ten streams of the queue (issue 2), so that a worker's
+-- XREADGROUP over p9..p0 never meets a stream without it (NOGROUP). A stream with entries exists.
+local function ensure_groups(q, band)
+  local known = exists[q]
+  if known[band] or lens[q][band] > 0 then return end
+  local base = 5 + 10 * q
+  if call('EXISTS', KEYS[base + band]) == 0 then
+    for b = 0, 9 do
+      if not known[b] and call('EXISTS', KEYS[base + b]) == 0 then
+        call('XGROUP', 'CREATE', KEYS[base + b], 'workers', '0', 'MKSTREAM')
+      end
+      known[b] = true
+    end
+  end
+  known[band] = true
+end
+
+local recent = {}
+
+local function submit_one(a, k)
+  local task_id, task_type, payload, queue = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local q, idem = tonumber(ARGV[a + 4]), ARGV[a + 5]
+  local max_attempts, prio_s, timeout_ms, meta = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9]
+  local khash, khist, kidem, kpayload = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+
   if idem ~= '' then
-    call('SET', KEYS[3], cjson.encode({task_id = task_id, state = 'failed', updated_at = ts}),
-      'EX', ARGV[16])
+    local rec = call('GET', kidem)
+    if rec then
+      local r = cjson.decode(rec)
+      if r.state == 'processing' then return {'err', 'IDEMPOTENCY_IN_PROGRESS', r.task_id} end
+      return {'dup', r.state, r.task_id}
+    end
   end
-  call('PUBLISH', ARGV[17], ev_head .. 'TASK_EXPIRED' .. ev_tail ..
-    ',"metadata":{"expires_at":"' .. exp_iso .. '","expired_at":"' .. ts .. '"}}')
-  return {'new', 'expired', '', now, due, exp_ms}
-end
-call('RPUSH', KEYS[2], h1)
-call('EXPIRE', KEYS[2], retention)
 
-if idem ~= '' then
-  call('SET', KEYS[3], cjson.encode({task_id = task_id, state = 'processing', updated_at = ts}),
-    'EX', ARGV[16])
-end
-if exp_ms then call('ZADD', KEYS[6], exp_ms, task_id) end
+  queue_state(q)
+  if depth[q] >= max_depth then return {'err', 'QUEUE_FULL', tostring(depth[q])} end
 
-local ev = ev_head .. 'TASK_QUEUED' .. ev_tail
-if delayed then
-  call('ZADD', KEYS[4], due, task_id)
-  ev = ev .. ',"metadata":{"status":"pending","available_at":"' .. avail .. '"}}'
-else
-  ev = ev .. '}'
+  local due = now
+  if ARGV[a + 11] ~= '' then due = tonumber(ARGV[a + 11])
+  elseif tonumber(ARGV[a + 10]) > 0 then due = now + tonumber(ARGV[a + 10]) end
+  local exp_ms = nil
+  if ARGV[a + 13] ~= '' then exp_ms = tonumber(ARGV[a + 13])
+  elseif ARGV[a + 12] ~= '' then exp_ms = now + tonumber(ARGV[a + 12]) end
+
+  local delayed = due > now
+  local status = delayed and 'pending' or 'queued'
+  local expired = exp_ms ~= nil and exp_ms <= now
+  if expired then status = 'expired' end
+  local avail = due == now and ts or iso(due)
+  local exp_iso = exp_ms and iso(exp_ms) or ''
+
+  -- The history entry and the event, as JSON strings (see the header).
+  local first = delayed and 'pending' or 'queued'
+  local h1 = '{"ts":"' .. ts .. '","from":null,"to":"' .. first ..
+    '","attempt":0,"reason":"created"'
+  if exp_ms then h1 = h1 .. ',"expires_at":"' .. exp_iso .. '"' end
+  h1 = h1 .. '}'
+  local ev_head = '{"event_id":"' .. ARGV[a + 14] .. '","ts":"' .. ts .. '","type":"'
+  local ev_tail = '","task_id":"' .. task_id .. '","queue":"' .. queue .. '","task_type":"' ..
+    task_type .. '","attempt":0,"worker_id":null'
+
+  local entry_id = ''
+  if expired then
+    call('HSET', khash, 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
+      'created_at', ts, 'created_ms', now, 'available_at', avail, 'updated_at', ts,
+      'attempt', 0, 'max_attempts', max_attempts, 'priority', prio_s, 'timeout_ms', timeout_ms,
+      'status', status, 'queue', queue, 'metadata', meta, 'expires_at', exp_iso,
+      'expires_at_ms', exp_ms, 'expired_at', ts)
+  elseif delayed then
+    call('HSET', khash, 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
+      'created_at', ts, 'created_ms', now, 'available_at', avail, 'updated_at', ts,
+      'attempt', 0, 'max_attempts', max_attempts, 'priority', prio_s, 'timeout_ms', timeout_ms,
+      'status', status, 'queue', queue, 'metadata', meta, 'expires_at', exp_iso,
+      'expires_at_ms', exp_ms or '')
+  else
+    -- The stream entry first, so that the hash is written once, entry id included.
+    local band = 9 - tonumber(prio_s)
+    ensure_groups(q, band)
+    entry_id = call('XADD', KEYS[5 + 10 * q + band], '*', 'task_id', task_id, 'queue', queue,
+      'task_type', task_type, 'payload', payload, 'attempt', 1, 'max_attempts', max_attempts,
+      'priority', prio_s, 'timeout_ms', timeout_ms, 'idempotency_key', idem)
+    lens[q][band] = lens[q][band] + 1
+    depth[q] = depth[q] + 1
+    call('HSET', khash, 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
+      'created_at', ts, 'created_ms', now, 'available_at', avail, 'updated_at', ts,
+      'attempt', 0, 'max_attempts', max_attempts, 'priority', prio_s, 'timeout_ms', timeout_ms,
+      'status', status, 'queue', queue, 'metadata', meta, 'expires_at', exp_iso,
+      'expires_at_ms', exp_ms or '', 'entry_id', entry_id)
+  end
+  call('EXPIRE', khash, retention)
+  call('SET', kpayload, payload, 'EX', retention)  -- after the hash's EXPIRE (keep() in _lib)
+  recent[#recent + 1] = now
+  recent[#recent + 1] = task_id
+  if not listed[q] then
+    call('SADD', KEYS[4], queue)
+    listed[q] = true
+  end
+  -- The history list is new (a fresh task id) and holds at most two entries here: no LTRIM.
+  if expired then
+    call('RPUSH', khist, h1, '{"ts":"' .. ts .. '","from":"' .. first ..
+      '","to":"expired","attempt":0,"reason":"ttl","expired_at":"' .. ts .. '"}')
+    call('EXPIRE', khist, retention)
+    if idem ~= '' then
+      call('SET', kidem, cjson.encode({task_id = task_id, state = 'failed', updated_at = ts}),
+        'EX', idem_ttl)
+    end
+    call('PUBLISH', channel, ev_head .. 'TASK_EXPIRED' .. ev_tail ..
+      ',"metadata":{"expires_at":"' .. exp_iso .. '","expired_at":"' .. ts .. '"}}')
+    return {'new', 'expired', '', now, due, exp_ms}
+  end
+  call('RPUSH', khist, h1)
+  call('EXPIRE', khist, retention)
+  if idem ~= '' then
+    call('SET', kidem, cjson.encode({task_id = task_id, state = 'processing', updated_at = ts}),
+      'EX', idem_ttl)
+  end
+  if exp_ms then call('ZADD', KEYS[3], exp_ms, task_id) end
+  local ev = ev_head .. 'TASK_QUEUED' .. ev_tail
+  if delayed then
+    call('ZADD', KEYS[1], due, task_id)
+    ev = ev .. ',"metadata":{"status":"pending","available_at":"' .. avail .. '"}}'
+  else
+    ev = ev .. '}'
+  end
+  call('PUBLISH', channel, ev)
+  return {'new', status, entry_id, now, due, exp_ms or ''}
 end
-call('PUBLISH', ARGV[17], ev)
-return {'new', status, entry_id, now, due, exp_ms or ''}
+
+local out = {}
+for i = 0, n - 1 do
+  local ok, reply = pcall(submit_one, 7 + 15 * i, first_task_key + 4 * i)
+  if not ok then
+    -- A failed redis.call raises a table {err = message}; a Lua error, a string.
+    if type(reply) == 'table' then reply = reply.err end
+    reply = {'err', 'REDIS', tostring(reply)}
+  end
+  out[i + 1] = reply
+end
+if #recent > 0 then
+  call('ZADD', KEYS[2], unpack(recent))
+  call('ZREMRANGEBYRANK', KEYS[2], 0, -(tonumber(ARGV[5]) + 1))
+end
+return out

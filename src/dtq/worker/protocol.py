@@ -124,6 +124,7 @@ def start_call(entry: Entry, worker_id: str, settings: Settings) -> Call:
             keys.EXPIRY,
             keys.idempotency(entry.queue, entry.idempotency_key),
             keys.DEAD_LETTER,
+            keys.payload(entry.task_id),
         ],
         [
             entry.task_id,
@@ -172,6 +173,7 @@ def finish_call(
             keys.DEAD_LETTER,
             keys.result(entry.task_id),
             keys.CANCELLED,
+            keys.payload(entry.task_id),
         ],
         [
             entry.task_id,

@@ -231,6 +231,7 @@ class Scheduler:
                 keys.EXPIRY,
                 keys.stream(queue, priority),
                 keys.idempotency(queue, idem),
+                keys.payload(task_id),
             ],
             [task_id, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, new_id()],
         )
