@@ -125,6 +125,20 @@ async def test_list_recent_first_and_filters(queue: Queue, r: Redis) -> None:
     assert [t.task_id for t in await queue.list(queue="alpha", limit=1)] == [submitted[4].task_id]
 
 
+async def test_list_keeps_submit_order_within_a_millisecond(queue: Queue, r: Redis) -> None:
+    """One submit_many batch shares one created_at; back-to-back submits often share a
+    millisecond too. Newest first still means last submitted first."""
+    batch = await queue.submit_many(
+        [{"task_type": "echo_task", "payload": {"i": i}} for i in range(40)]
+    )
+    assert len({t.created_at for t in batch[:32]}) == 1, "one script call, one Redis TIME"
+    singles = [await queue.submit("echo_task") for _ in range(5)]
+    newest_first = [t.task_id for t in reversed([*batch, *singles])]
+    assert [t.task_id for t in await queue.list(limit=45)] == newest_first
+    scores = [s for _, s in await r.zrevrange(keys.RECENT, 0, -1, withscores=True)]
+    assert scores == sorted(set(scores), reverse=True), "every task its own score"
+
+
 async def test_list_skips_tasks_whose_hash_expired(queue: Queue, r: Redis) -> None:
     a = await queue.submit("echo_task")
     b = await queue.submit("echo_task")

@@ -21,7 +21,8 @@
 --
 -- Admission is exact: the queue's depth (XLEN of its ten streams) is read once per batch and then
 -- counted up with each entry this call adds; no other command runs meanwhile (one script).
--- All tasks of a batch share one Redis TIME (created_at).
+-- All tasks of a batch share one Redis TIME (created_at); their recent-index scores differ
+-- by a microsecond each, in batch order.
 -- Cost (docs/performance.md): per batch, the EVALSHA, TIME and the ISO timestamp, the XLENs of
 -- each queue, one ZADD + ZREMRANGEBYRANK of the recent index and one SADD per queue; per task,
 -- one HSET (the stream entry before it, so the hash is written once, and every value under 64
@@ -42,7 +43,12 @@ local nq = tonumber(ARGV[6])
 local first_task_key = 5 + 10 * nq
 local n = (#ARGV - 6) / 15
 
-local now = now_ms()
+-- TIME once: `now` (epoch ms) for every timestamp of the batch; the recent index scores each
+-- task with the microsecond it was taken in (now_us + its place in the batch, as fractional
+-- ms), so "recent first" keeps the submit order within a millisecond and within one batch.
+local clock = call('TIME')
+local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local now = math.floor(now_us / 1000)
 local ts = iso(now)
 
 -- Per queue of the batch: the length of each stream (band 0 = p9 .. 9 = p0), read at its first
@@ -152,7 +158,7 @@ local function submit_one(a, k)
   end
   call('EXPIRE', khash, retention)
   call('SET', kpayload, payload, 'EX', retention)  -- after the hash's EXPIRE (keep() in _lib)
-  recent[#recent + 1] = now
+  recent[#recent + 1] = (now_us + #recent / 2) / 1000
   recent[#recent + 1] = task_id
   if not listed[q] then
     call('SADD', KEYS[4], queue)
