@@ -177,6 +177,22 @@ async def test_delayed_task_waits_in_schedule(queue: Queue, r: Redis) -> None:
     assert got.available_at == task.available_at
 
 
+async def test_a_task_due_after_its_retention_keeps_its_keys_until_then(
+    queue: Queue, r: Redis, settings: Settings
+) -> None:
+    """Retention counts from when a delayed task is due: scheduled 30 days out with 7 days of
+    retention, its hash, payload and history live 37 days (a shorter TTL lost the task)."""
+    days = 86_400
+    task = await queue.submit("echo_task", {"x": 1}, delay_seconds=30 * days)
+    for key in (keys.task(task.task_id), keys.payload(task.task_id), keys.history(task.task_id)):
+        ttl = await r.ttl(key)
+        assert (
+            settings.task_retention_s + 30 * days - 5
+            <= ttl
+            <= settings.task_retention_s + 30 * days
+        )
+
+
 async def test_schedule_at_is_the_score(queue: Queue, r: Redis) -> None:
     when = datetime.fromtimestamp((await redis_ms(r) + 60_000) // 1000, tz=UTC)
     task = await queue.submit("echo_task", schedule_at=when)
@@ -466,7 +482,8 @@ async def test_history_entry(queue: Queue, r: Redis) -> None:
     entry = history[0]
     assert entry.from_status is None and entry.to_status is TaskStatus.PENDING
     assert entry.attempt == 0 and entry.reason == "created" and entry.ts == task.created_at
-    assert 0 < await r.ttl(keys.history(task.task_id)) <= 604_800
+    # retention counts from when the task is due (5 s after submit)
+    assert 604_800 < await r.ttl(keys.history(task.task_id)) <= 604_805
 
 
 async def test_expiration_fields(queue: Queue, r: Redis) -> None:

@@ -304,6 +304,25 @@ async def test_finish_is_fenced_for_a_stale_attempt(
     assert await r.xlen(entry.stream) == 0
 
 
+async def test_a_long_reschedule_keeps_the_task_past_its_wait(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    """A task rescheduled 30 days out with 7 days of retention keeps its hash, payload and
+    history 37 days: it must not expire while it waits to run."""
+    task = await queue.submit("wt_x", {"x": 1})
+    entry = await read_as(r, "worker-sched000")
+    await start_as(r, entry, "worker-sched000", settings)
+    wait_ms = 30 * 86_400_000
+    call = finish_call(
+        entry, 1, Outcome("reschedule", delay_ms=wait_ms), "worker-sched000", settings
+    )
+    assert (await Scripts().call(r, *call))[0] == "retrying"
+    for key in (keys.task(task.task_id), keys.payload(task.task_id), keys.history(task.task_id)):
+        ttl = await r.ttl(key)
+        expected = settings.task_retention_s + wait_ms // 1000
+        assert expected - 5 <= ttl <= expected, key
+
+
 async def test_retry_keeps_expires_at_and_expires_instead_of_running(
     settings: Settings, r: Redis, queue: Queue
 ) -> None:

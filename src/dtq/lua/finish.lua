@@ -147,6 +147,9 @@ else
   meta.error_class = error_class
 end
 
+-- A task waiting for its retry keeps its retention beyond the wait (a long reschedule must not
+-- outlive its own hash).
+if to == 'retrying' then retention = retention + math.ceil(delay_ms / 1000) end
 redis.call('HSET', KEYS[1], unpack(fields))
 keep(KEYS[1], KEYS[10], retention)
 redis.call('XACK', KEYS[3], group, entry_id)

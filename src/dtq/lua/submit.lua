@@ -156,8 +156,12 @@ local function submit_one(a, k)
       'status', status, 'queue', queue, 'metadata', meta, 'expires_at', exp_iso,
       'expires_at_ms', exp_ms or '', 'entry_id', entry_id)
   end
-  call('EXPIRE', khash, retention)
-  call('SET', kpayload, payload, 'EX', retention)  -- after the hash's EXPIRE (keep() in _lib)
+  -- A delayed task's retention starts when it is due: a task scheduled further out than
+  -- DTQ_TASK_RETENTION_S must not lose its hash before it runs.
+  local ttl = retention
+  if delayed then ttl = retention + math.ceil((due - now) / 1000) end
+  call('EXPIRE', khash, ttl)
+  call('SET', kpayload, payload, 'EX', ttl)  -- after the hash's EXPIRE (keep() in _lib)
   recent[#recent + 1] = (now_us + #recent / 2) / 1000
   recent[#recent + 1] = task_id
   if not listed[q] then
@@ -178,7 +182,7 @@ local function submit_one(a, k)
     return {'new', 'expired', '', now, due, exp_ms}
   end
   call('RPUSH', khist, h1)
-  call('EXPIRE', khist, retention)
+  call('EXPIRE', khist, ttl)
   if idem ~= '' then
     call('SET', kidem, cjson.encode({task_id = task_id, state = 'processing', updated_at = ts}),
       'EX', idem_ttl)
