@@ -21,6 +21,7 @@ __all__ = ["SCRIPT_NAMES", "Call", "Scripts"]
 
 SCRIPT_NAMES = (
     "submit",
+    "read",
     "start",
     "finish",
     "touch",
