@@ -12,10 +12,14 @@
   priority added after the read (a wake-up costs that reply and one pipeline of start
   scripts); with fewer slots than streams it blocks in ``XREAD BLOCK 500``, which consumes
   nothing, and reads with ``read.lua`` when woken.
-- **reaper**: ``XAUTOCLAIM`` p9 -> p0 with min-idle = the visibility timeout, following the
-  cursor to ``0-0``, never claiming more than free capacity. Redis 6.2 answers nil for an entry
-  deleted while pending and keeps it pending: this consumer's pending ids that are gone from the
-  stream are acknowledged and logged. Ids that Redis 7 reports deleted are logged.
+- **reaper**: every ``DTQ_REAPER_INTERVAL_S``, one pipeline of ``XPENDING ... IDLE`` finds the
+  entries idle past the visibility timeout (a dead or stalled worker's), then ``XAUTOCLAIM``
+  p9 -> p0 with that min-idle, following the cursor to ``0-0``. It claims only slots it holds,
+  but its reservations go ahead of the poll loops' (:meth:`Capacity.reserve` ``urgent``): on
+  a fully busy worker the next slots to free go to reclaimed entries, never to fresh reads,
+  and the worker never runs more than its concurrency. Redis 6.2 answers nil for an entry
+  deleted while pending and keeps it pending: this consumer's pending ids that are gone from
+  the stream are acknowledged and logged. Ids that Redis 7 reports deleted are logged.
 
 Entries go to the worker's ``start`` callback (one pipeline of start scripts per batch); a
 stream or group that has vanished (NOGROUP) is created again.
@@ -47,28 +51,41 @@ PAUSE_REFRESH_S = 0.5
 
 
 class Capacity:
-    """The free execution slots of one worker (``size`` = its concurrency)."""
+    """The free execution slots of one worker (``size`` = its concurrency).
+
+    An ``urgent`` reservation (the reaper's) is served before every other: while one waits,
+    the slots that free up go to it, not to a poll loop.
+    """
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.free = size
         self._changed = asyncio.Event()
+        self._urgent = 0
 
     @property
     def used(self) -> int:
         return self.size - self.free
 
-    async def reserve(self, most: int, stopping: asyncio.Event) -> int:
+    async def reserve(self, most: int, stopping: asyncio.Event, *, urgent: bool = False) -> int:
         """Wait for a free slot, then take up to ``most`` (0 once ``stopping`` is set)."""
-        while self.free <= 0 and not stopping.is_set():
-            self._changed.clear()
-            stop = asyncio.ensure_future(stopping.wait())
-            freed = asyncio.ensure_future(self._changed.wait())
-            try:
-                await asyncio.wait({stop, freed}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop.cancel()
-                freed.cancel()
+        if urgent:
+            self._urgent += 1
+        try:
+            while not stopping.is_set() and (self.free <= 0 or (self._urgent and not urgent)):
+                self._changed.clear()
+                stop = asyncio.ensure_future(stopping.wait())
+                freed = asyncio.ensure_future(self._changed.wait())
+                try:
+                    await asyncio.wait({stop, freed}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stop.cancel()
+                    freed.cancel()
+        finally:
+            if urgent:
+                self._urgent -= 1
+                if not self._urgent:
+                    self._changed.set()  # the poll loops may take what is left
         if stopping.is_set():
             return 0
         return self.take(most)
@@ -100,6 +117,7 @@ class Intake:
         capacity: Capacity,
         start: StartFn,
         in_flight: Container[str],
+        stopping: asyncio.Event,
     ) -> None:
         self.store = store
         self.redis: Redis = store.redis
@@ -109,6 +127,7 @@ class Intake:
         self.capacity = capacity
         self._start = start
         self._in_flight = in_flight
+        self._stopping = stopping
         self._plan = ReadPlan(self.queues, worker_id)
         self._paused: frozenset[str] = frozenset()
         self._blocking = False  # a poll loop is in XREAD BLOCK
@@ -211,13 +230,15 @@ class Intake:
             await self.reap_once()
 
     async def reap_once(self) -> int:
-        """Claim entries idle past the visibility timeout; returns how many were started."""
+        """Claim and start the entries idle past the visibility timeout, ahead of fresh reads
+        (waiting for slots on a busy worker); returns how many were started."""
         min_idle_ms = round(self.settings.visibility_timeout_s * 1000)
         started = 0
-        for stream in self.active_streams():
-            cursor = "0-0"
+        for stream, idle in await self._idle_entries(min_idle_ms):
+            cursor, seen = "0-0", 0
             while True:
-                n = self.capacity.take(READ_BATCH)
+                want = READ_BATCH if idle is None else min(READ_BATCH, idle - seen)
+                n = await self.capacity.reserve(want, self._stopping, urgent=True)
                 if n == 0:
                     return started
                 try:
@@ -235,6 +256,8 @@ class Intake:
                     raise
                 cursor = str(reply[0])
                 entries, bad, nil = _claimed(stream, reply[1])
+                deleted = reply[2] if len(reply) > 2 else []
+                seen += len(entries) + len(bad) + nil + len(deleted)
                 self.capacity.release(n - len(entries))
                 if entries:
                     log.warning(
@@ -250,16 +273,34 @@ class Intake:
                     await self._drop_unusable(bad)
                 if nil:
                     await self._resolve_deleted(stream)
-                if len(reply) > 2 and reply[2]:
+                if deleted:
                     log.error(
                         "reaper: entries deleted from %s while pending (Redis removed them from "
                         "the pending list): %s",
                         stream,
-                        ", ".join(map(str, reply[2])),
+                        ", ".join(map(str, deleted)),
                     )
-                if cursor == "0-0":
+                if cursor == "0-0" or (idle is not None and seen >= idle):
                     break
         return started
+
+    async def _idle_entries(self, min_idle_ms: int) -> list[tuple[str, int | None]]:
+        """(stream, how many of its entries are idle past ``min_idle_ms``, None for at least a
+        full page) of the active streams that have any, p9 first: one pipeline."""
+        streams = self.active_streams()
+        page = max(self.capacity.size, READ_BATCH)
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xpending_range(stream, keys.CONSUMER_GROUP, "-", "+", page, idle=min_idle_ms)
+        out: list[tuple[str, int | None]] = []
+        for stream, rows in zip(streams, await pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(rows, ResponseError):
+                if "NOGROUP" not in str(rows):
+                    raise rows
+                await self.store.ensure_groups(keys.stream_queue(stream)[0])
+            elif rows:
+                out.append((stream, None if len(rows) >= page else len(rows)))
+        return out
 
     async def _resolve_deleted(self, stream: str) -> None:
         """Redis 6.2: XAUTOCLAIM answers nil for an entry deleted while pending and leaves it in

@@ -130,6 +130,7 @@ class Worker:
             self.capacity,
             self._start,
             self.inflight,
+            self._stopping,
         )
         self.started = asyncio.Event()
 
