@@ -37,7 +37,7 @@ from dtq import keys
 from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.log import bind as bind_log_fields
-from dtq.scripts import OpHook, Scripts
+from dtq.scripts import Call, OpHook, Scripts
 from dtq.store import Store
 from dtq.worker.connection import worker_redis
 from dtq.worker.executor import Execution, Finisher, ThreadRunner, run_handler
@@ -335,7 +335,7 @@ class Worker:
             return
         calls = [start_call(e, self.worker_id, self.settings) for e in todo]
         try:
-            replies = await self.scripts.call_many(self.redis, calls)
+            replies = await self._call_starts(calls)
         except BaseException:
             self._release(len(todo))  # entries stay pending: the reaper redelivers them
             raise
@@ -352,6 +352,16 @@ class Worker:
                 self._release()
                 continue
             self._launch(entry, start)
+
+    async def _call_starts(self, calls: Sequence[Call]) -> list[Any]:
+        """The start scripts of one read: one pipeline, or a plain EVALSHA for a lone entry
+        (an idle worker's wake-up: no pipeline machinery on the way to start)."""
+        if len(calls) > 1:
+            return await self.scripts.call_many(self.redis, calls)
+        try:
+            return [await self.scripts.call(self.redis, *calls[0])]
+        except ResponseError as exc:  # the script's error, for that entry alone
+            return [exc]
 
     def _skipped(self, entry: Entry, start: StartReply) -> None:
         level = logging.WARNING if start.kind in {"duplicate", "dead", "fenced"} else logging.INFO
