@@ -148,21 +148,18 @@ async def test_submit_many_order_and_per_item_errors(
     queue: Queue, r: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     blocker = await queue.submit("echo_task", idempotency_key="busy", queue="batch")
-    pipelines: list[int] = []
-    real_pipeline = queue.redis.pipeline
+    pipelines: list[int] = []  # script calls in each write to Redis
+    conn_class = queue.redis.connection_pool.connection_class
+    real_send = conn_class.send_packed_command
 
-    def counting_pipeline(*args: Any, **kwargs: Any) -> Any:
-        pipe = real_pipeline(*args, **kwargs)
-        real_execute = pipe.execute
+    async def counting_send(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        chunks = [command] if isinstance(command, bytes | str) else list(command)
+        data = b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in chunks)
+        if b"EVALSHA" in data:
+            pipelines.append(data.count(b"$7\r\nEVALSHA\r\n"))
+        return await real_send(self, chunks, *args, **kwargs)
 
-        async def execute(*a: Any, **kw: Any) -> Any:
-            pipelines.append(len(pipe.command_stack))
-            return await real_execute(*a, **kw)
-
-        pipe.execute = execute  # type: ignore[method-assign]
-        return pipe
-
-    monkeypatch.setattr(queue.redis, "pipeline", counting_pipeline)
+    monkeypatch.setattr(conn_class, "send_packed_command", counting_send)
     items = [
         {"task_type": "echo_task", "payload": {"i": 0}},
         {"task_type": "echo_task", "payload": {"i": 1}, "idempotency_key": "busy"},
