@@ -315,7 +315,8 @@ class Worker:
         return self.settings.reaper_interval_s * (1 + self._rng.uniform(-JITTER, JITTER))
 
     async def reap_once(self) -> int:
-        """One reaper pass now (tests, operators); returns how many entries it started."""
+        """One reaper pass now (tests, operators): on a busy worker it waits for the slots its
+        claimable entries need (ahead of the poll loops); returns how many it started."""
         return await self.intake.reap_once()
 
     def _release(self, n: int = 1) -> None:
