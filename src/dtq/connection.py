@@ -9,6 +9,7 @@ format is the same. Used by the SDK (:func:`dtq.client.connect`, so the API too)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -24,12 +25,49 @@ except ImportError:  # pragma: no cover - an older redis-py: the default packer
 
 
 if HIREDIS_AVAILABLE:
+    import hiredis
+
     _SERIALIZER = HiredisRespSerializer()
+    _CUTOFF = 6000  # as redis-py: smaller commands are joined into one buffer, larger go alone
+
+    def _pack(args: tuple[Any, ...]) -> bytes:
+        name = args[0]
+        if (isinstance(name, str) and " " in name) or (isinstance(name, bytes) and b" " in name):
+            return b"".join(_SERIALIZER.pack(*args))  # "XINFO GROUPS": words sent apart
+        try:
+            packed: bytes = hiredis.pack_command(args)
+        except TypeError:  # a bytearray (converted there) or a type no packer takes (DataError)
+            return b"".join(_SERIALIZER.pack(*args))
+        return packed
 
     class _HiredisPacking:
+        """hiredis packing as redis-py's ``HiredisRespSerializer`` does it, without its
+        per-argument conversion pass when no argument needs it, and a pipeline's commands
+        joined into few buffers (one send) instead of packed one call each."""
+
         def pack_command(self, *args: Any) -> list[bytes]:
-            packed: list[bytes] = _SERIALIZER.pack(*args)
-            return packed
+            return [_pack(args)]
+
+        def pack_commands(self, commands: Iterable[Iterable[Any]]) -> list[bytes]:
+            output: list[bytes] = []
+            pieces: list[bytes] = []
+            size = 0
+            for cmd in commands:
+                chunk = _pack(tuple(cmd))
+                if len(chunk) > _CUTOFF:
+                    if pieces:
+                        output.append(b"".join(pieces))
+                        pieces, size = [], 0
+                    output.append(chunk)
+                    continue
+                pieces.append(chunk)
+                size += len(chunk)
+                if size > _CUTOFF:
+                    output.append(b"".join(pieces))
+                    pieces, size = [], 0
+            if pieces:
+                output.append(b"".join(pieces))
+            return output
 
     class _TcpConnection(_HiredisPacking, Connection):
         pass

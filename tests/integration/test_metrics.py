@@ -361,7 +361,7 @@ async def test_metrics_after_a_workload(settings: Settings, r: Redis) -> None:
     assert w.value("dtq_retry_delay_seconds_count", task_type="m_fail") == 1
     assert w.value("dtq_redis_operations_total", operation="script:start", result="ok") >= 6
     assert w.value("dtq_redis_operations_total", operation="script:finish", result="ok") >= 6
-    assert w.value("dtq_redis_operations_total", operation="xreadgroup", result="ok") >= 1
+    assert w.value("dtq_redis_operations_total", operation="script:read", result="ok") >= 1
     assert w.value("dtq_redis_operations_total", operation="script:promote", result="ok") >= 2
 
 

@@ -8,11 +8,13 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 from test_worker_support import fast, handlers, running_worker, wait_status, wait_until
 
 from dtq import Queue, keys
 from dtq.config import Settings
+from dtq.worker import Worker
 from dtq_tasks import TaskContext
 
 
@@ -86,13 +88,19 @@ async def _stream_empty(r: Redis, stream: str) -> bool:
     return await r.xlen(stream) == 0
 
 
+@pytest.mark.parametrize("concurrency", [4, 32])
 async def test_idle_worker_starts_new_task_of_any_priority_within_block(
-    settings: Settings, r: Redis, queue: Queue
+    settings: Settings, r: Redis, queue: Queue, concurrency: int
 ) -> None:
+    """An idle worker watches every stream: with fewer free slots than streams (4 < 20) by
+    XREAD, with at least as many (32) by XREADGROUP BLOCK, which delivers the entry itself."""
+
     async def noop(payload: dict[str, Any], ctx: TaskContext) -> None:
         return None
 
-    async with running_worker(fast(settings), handlers(wt_noop=noop), queues=("q1", "q2")):
+    async with running_worker(
+        fast(settings), handlers(wt_noop=noop), queues=("q1", "q2"), concurrency=concurrency
+    ):
         for q, p in (("q2", 0), ("q1", 9), ("q2", 4)):
             t0 = time.monotonic()
             task = await queue.submit("wt_noop", {}, queue=q, priority=p)
@@ -120,3 +128,46 @@ async def test_paused_queue_is_skipped_and_resumed(
         assert (await queue.get(held.task_id)).status == "queued"
         await r.delete(keys.queue_paused("paused"))
         await wait_status(r, held.task_id, "succeeded", timeout_s=2)
+
+
+async def test_blocking_read_stays_within_the_slots_it_holds(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    """Entries that land on several streams between a read that found none and the
+    XREADGROUP BLOCK after it are answered at once, from every stream: COUNT slots // streams
+    keeps the delivery within the slots the loop holds."""
+    for p in range(10):
+        await queue.submit_many([{"task_type": "wt_noop", "payload": {}, "priority": p}] * 3)
+    streams = keys.queue_streams("default")
+    worker = Worker(fast(settings), handlers=handlers(), concurrency=25)
+    try:
+        got = await worker.intake._read_blocking(dict.fromkeys(streams, "0-0"), 25)
+    finally:
+        await worker.redis.aclose()
+    assert len(got.entries) == 20  # 2 per stream, 25 // 10
+    pending = [(await r.xpending(s, keys.CONSUMER_GROUP))["pending"] for s in streams]
+    assert pending == [2] * 10
+
+
+async def test_vanished_stream_and_group_are_created_again(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    """A stream deleted under a running worker (its consumer group with it): the next read
+    gets NOGROUP from that stream, the worker creates the group again and goes on."""
+
+    async def noop(payload: dict[str, Any], ctx: TaskContext) -> None:
+        return None
+
+    async with running_worker(fast(settings), handlers(wt_noop=noop)):
+        p9 = keys.stream("default", 9)
+        await r.delete(p9)
+
+        async def group_back() -> bool:
+            if not await r.exists(p9):
+                return False
+            groups = await r.xinfo_groups(p9)
+            return any(g["name"] == keys.CONSUMER_GROUP for g in groups)
+
+        await wait_until(group_back, 5, "group on p9 again")
+        task = await queue.submit("wt_noop", {}, priority=9)
+        await wait_status(r, task.task_id, "succeeded")

@@ -10,8 +10,8 @@ import). Who counts what, each where the thing happens (``docs/operations.md`` h
   latencies, retries scheduled, in-flight, start-time expirations;
 - the scheduler leader (in a worker): retries promoted (``dtq_tasks_retried_total``) and tasks
   expired by the sweep or at promotion;
-- both: ``dtq_redis_operations_total`` for script calls (``script:<name>``) and single commands
-  (``xreadgroup``, ``xautoclaim``, ...).
+- both: ``dtq_redis_operations_total`` for script calls (``script:<name>``, a worker's reads are
+  ``script:read``) and single commands (``xreadgroup``, ``xautoclaim``, ...).
 
 Labels are only ``queue``, ``task_type``, ``status``, ``result``, ``worker_id``, ``operation``
 and ``reason`` (:data:`LABEL_NAMES`); never a task id, payload or exception text. A queue or

@@ -17,6 +17,7 @@ from prometheus_client import (
     ProcessCollector,
     start_http_server,
 )
+from prometheus_client.metrics import MetricWrapperBase
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -53,6 +54,7 @@ REJECT_REASONS = {
     "IDEMPOTENCY_IN_PROGRESS": "idempotency_in_progress",
 }
 OTHER = "(other)"  # an invalid or unregistered name: no queue or task type can be spelt so
+LABEL_CACHE_MAX = 4096  # (queue, task_type) pairs whose label values are remembered
 UNKNOWN = "(unknown)"  # the request was refused before its queue could be read
 
 # Seconds. Tasks run from milliseconds to the 1 h timeout cap; waits can be long under backlog.
@@ -79,6 +81,12 @@ class Metrics:
 
     ``known_types``: the task types this process knows (its handler registry); another type is
     counted as ``(other)``. None accepts any well-formed type name.
+
+    A worker counts several series per task and per script call, so the labelled children are
+    kept once made (``labels()`` validates and locks at every call): by family and label
+    values, which are the checked, bounded ones; and the label values of the first
+    :data:`LABEL_CACHE_MAX` raw (queue, task type) pairs seen, so a flood of made-up names
+    cannot grow the cache.
     """
 
     def __init__(
@@ -153,6 +161,8 @@ class Metrics:
             "dead_lettered": self.dead_lettered,
             "expired": self.expired,
         }
+        self._qt_values: dict[tuple[str | None, str | None], tuple[str, str]] = {}
+        self._children: dict[tuple[object, ...], Any] = {}
 
     # -- label values ---------------------------------------------------------------------------
 
@@ -163,29 +173,44 @@ class Metrics:
             return OTHER
         return value
 
-    def _qt(self, queue: str | None, task_type: str | None) -> dict[str, str]:
-        return {"queue": _queue(queue), "task_type": self.task_type(task_type)}
+    def _qt(self, queue: str | None, task_type: str | None) -> tuple[str, str]:
+        """The (queue, task_type) label values of a raw pair."""
+        key = (queue, task_type)
+        values = self._qt_values.get(key)
+        if values is None:
+            values = (_queue(queue), self.task_type(task_type))
+            if len(self._qt_values) < LABEL_CACHE_MAX:
+                self._qt_values[key] = values
+        return values
+
+    def _child(self, family: MetricWrapperBase, *values: str) -> Any:
+        """``family.labels(*values)``, made once (values in the family's label order)."""
+        key = (family, *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*values)
+        return child
 
     # -- what happened --------------------------------------------------------------------------
 
     def task_submitted(self, queue: str, task_type: str, ttl_s: float | None = None) -> None:
-        labels = self._qt(queue, task_type)
-        self.submitted.labels(**labels).inc()
+        qt = self._qt(queue, task_type)
+        self._child(self.submitted, *qt).inc()
         if ttl_s is not None:
-            self.ttl.labels(**labels).observe(max(0.0, ttl_s))
+            self._child(self.ttl, *qt).observe(max(0.0, ttl_s))
 
     def ingest_rejected(self, queue: str | None, code: str) -> None:
         """A submission refused with error ``code``; codes that are not a refusal of the
         submission itself (e.g. Redis unavailable) are not counted."""
         reason = REJECT_REASONS.get(code)
         if reason is not None:
-            self.rejected.labels(queue=_queue(queue), reason=reason).inc()
+            self._child(self.rejected, _queue(queue), reason).inc()
 
     def task_started(self, queue: str, task_type: str, wait_s: float | None = None) -> None:
-        labels = self._qt(queue, task_type)
-        self.started.labels(**labels).inc()
+        qt = self._qt(queue, task_type)
+        self._child(self.started, *qt).inc()
         if wait_s is not None:
-            self.wait.labels(**labels).observe(max(0.0, wait_s))
+            self._child(self.wait, *qt).observe(max(0.0, wait_s))
 
     def attempt_ended(
         self,
@@ -197,13 +222,11 @@ class Metrics:
     ) -> None:
         if result not in ATTEMPT_RESULTS:
             raise ValueError(f"unknown attempt result {result!r}")
-        labels = self._qt(queue, task_type)
-        self.attempts.labels(**labels, result=result).inc()
-        self.worker_tasks.labels(
-            worker_id=worker_id, task_type=labels["task_type"], result=result
-        ).inc()
+        qt = self._qt(queue, task_type)
+        self._child(self.attempts, *qt, result).inc()
+        self._child(self.worker_tasks, worker_id, qt[1], result).inc()
         if execution_s is not None:
-            self.execution.labels(**labels).observe(max(0.0, execution_s))
+            self._child(self.execution, *qt).observe(max(0.0, execution_s))
 
     def task_completed(
         self, queue: str, task_type: str, status: str, duration_s: float | None = None
@@ -211,13 +234,13 @@ class Metrics:
         """A terminal status was recorded (by whoever recorded it)."""
         if status not in COMPLETED_STATUSES:
             raise ValueError(f"not a terminal status: {status!r}")
-        labels = self._qt(queue, task_type)
-        self.completed.labels(**labels, status=status).inc()
+        qt = self._qt(queue, task_type)
+        self._child(self.completed, *qt, status).inc()
         per_status = self._per_status.get(status)
         if per_status is not None:
-            per_status.labels(**labels).inc()
+            self._child(per_status, *qt).inc()
         if duration_s is not None:
-            self.duration.labels(**labels).observe(max(0.0, duration_s))
+            self._child(self.duration, *qt).observe(max(0.0, duration_s))
 
     async def task_completed_by_id(self, redis: Redis, task_id: str, status: str) -> None:
         """A terminal status this process recorded for a task it knows only by id (API cancel
@@ -231,13 +254,13 @@ class Metrics:
             self.task_completed(*labels, status)
 
     def retry_scheduled(self, queue: str, task_type: str, delay_s: float) -> None:
-        self.retry_delay.labels(**self._qt(queue, task_type)).observe(max(0.0, delay_s))
+        self._child(self.retry_delay, *self._qt(queue, task_type)).observe(max(0.0, delay_s))
 
     def task_retried(self, queue: str, task_type: str) -> None:
-        self.retried.labels(**self._qt(queue, task_type)).inc()
+        self._child(self.retried, *self._qt(queue, task_type)).inc()
 
     def redis_op(self, operation: str, ok: bool) -> None:
-        self.redis_ops.labels(operation=operation, result="ok" if ok else "error").inc()
+        self._child(self.redis_ops, operation, "ok" if ok else "error").inc()
 
     def script_call(self, name: str, ok: bool) -> None:
         """The ``on_call`` hook of :class:`dtq.scripts.Scripts`."""

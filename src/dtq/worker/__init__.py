@@ -4,6 +4,7 @@ and :class:`Worker`, the engine (see :mod:`dtq.worker.worker`)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import logging
 import os
@@ -99,6 +100,10 @@ def run_worker(
             task_modules=modules,
             processes=processes,
         )
+    # What start-up made (modules, handler models, metric families) lives as long as the
+    # process: out of the collector's sight, so a full collection scans only what serving
+    # makes (otherwise 20-30 ms pauses of the event loop, a tail of the start latency).
+    gc.freeze()
     telemetry = WorkerTelemetry(handlers)
     worker = Worker(
         settings,

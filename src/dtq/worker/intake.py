@@ -1,16 +1,25 @@
-"""Where a worker's entries come from: the poll loop and the reaper, within free capacity.
+"""Where a worker's entries come from: the poll loops and the reaper, within free capacity.
 
-- **poll**: strict priority p9 -> p0 across the served queues; one stream at a time and only
-  while capacity is left, ``min(free capacity, 64)`` per read, so prefetch never exceeds free
-  capacity. Paused queues are skipped (their flags are re-read at least twice a second). With
-  nothing to read, one ``XREAD BLOCK 500`` on every served stream wakes the worker as soon as
-  any priority gets an entry. It reads from the consumer group's last-delivered ids, sampled
-  before the last empty read, so it consumes nothing and an entry that lands on a stream just
-  after the read passed it still wakes the worker at once.
-- **reaper**: ``XAUTOCLAIM`` p9 -> p0 with min-idle = the visibility timeout, following the
-  cursor to ``0-0``, never claiming more than free capacity. Redis 6.2 answers nil for an entry
-  deleted while pending and keeps it pending: this consumer's pending ids that are gone from the
-  stream are acknowledged and logged. Ids that Redis 7 reports deleted are logged.
+- **poll** (two loops, DESIGN 3): each read is one ``read.lua`` call, which reads the served
+  streams in strict priority order (p9 -> p0 across the queues) until the slots this loop
+  reserved are filled, ``min(free capacity, 64)``, so prefetch never exceeds free capacity;
+  a paused queue's streams are not read (its flag is checked at every read). A read that
+  returned entries starts them in one pipeline and lets a waiting loop read on meanwhile.
+  When a read finds nothing, one loop watches every served stream from the ids the script
+  returned (each stream's last entry: everything in it was delivered) and the other waits
+  until a read finds work again. The watching loop keeps its slots and blocks in
+  ``XREADGROUP ... COUNT slots//streams BLOCK 500``, which delivers the first entry of any
+  priority added after the read (a wake-up costs that reply and one pipeline of start
+  scripts); with fewer slots than streams it blocks in ``XREAD BLOCK 500``, which consumes
+  nothing, and reads with ``read.lua`` when woken.
+- **reaper**: every ``DTQ_REAPER_INTERVAL_S``, one pipeline of ``XPENDING ... IDLE`` finds the
+  entries idle past the visibility timeout (a dead or stalled worker's), then ``XAUTOCLAIM``
+  p9 -> p0 with that min-idle, following the cursor to ``0-0``. It claims only slots it holds,
+  but its reservations go ahead of the poll loops' (:meth:`Capacity.reserve` ``urgent``): on
+  a fully busy worker the next slots to free go to reclaimed entries, never to fresh reads,
+  and the worker never runs more than its concurrency. Redis 6.2 answers nil for an entry
+  deleted while pending and keeps it pending: this consumer's pending ids that are gone from
+  the stream are acknowledged and logged. Ids that Redis 7 reports deleted are logged.
 
 Entries go to the worker's ``start`` callback (one pipeline of start scripts per batch); a
 stream or group that has vanished (NOGROUP) is created again.
@@ -30,7 +39,7 @@ from redis.exceptions import ResponseError
 from dtq import keys
 from dtq.config import Settings
 from dtq.store import Store
-from dtq.worker.protocol import Entry, parse_read
+from dtq.worker.protocol import Entry, ReadPlan, ReadReply, parse_read
 
 __all__ = ["BLOCK_MS", "PAUSE_REFRESH_S", "READ_BATCH", "Capacity", "Intake"]
 
@@ -42,28 +51,41 @@ PAUSE_REFRESH_S = 0.5
 
 
 class Capacity:
-    """The free execution slots of one worker (``size`` = its concurrency)."""
+    """The free execution slots of one worker (``size`` = its concurrency).
+
+    An ``urgent`` reservation (the reaper's) is served before every other: while one waits,
+    the slots that free up go to it, not to a poll loop.
+    """
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.free = size
         self._changed = asyncio.Event()
+        self._urgent = 0
 
     @property
     def used(self) -> int:
         return self.size - self.free
 
-    async def reserve(self, most: int, stopping: asyncio.Event) -> int:
+    async def reserve(self, most: int, stopping: asyncio.Event, *, urgent: bool = False) -> int:
         """Wait for a free slot, then take up to ``most`` (0 once ``stopping`` is set)."""
-        while self.free <= 0 and not stopping.is_set():
-            self._changed.clear()
-            stop = asyncio.ensure_future(stopping.wait())
-            freed = asyncio.ensure_future(self._changed.wait())
-            try:
-                await asyncio.wait({stop, freed}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop.cancel()
-                freed.cancel()
+        if urgent:
+            self._urgent += 1
+        try:
+            while not stopping.is_set() and (self.free <= 0 or (self._urgent and not urgent)):
+                self._changed.clear()
+                stop = asyncio.ensure_future(stopping.wait())
+                freed = asyncio.ensure_future(self._changed.wait())
+                try:
+                    await asyncio.wait({stop, freed}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stop.cancel()
+                    freed.cancel()
+        finally:
+            if urgent:
+                self._urgent -= 1
+                if not self._urgent:
+                    self._changed.set()  # the poll loops may take what is left
         if stopping.is_set():
             return 0
         return self.take(most)
@@ -84,7 +106,7 @@ StartFn = Callable[[Sequence[Entry]], Awaitable[None]]
 
 
 class Intake:
-    """The poll loop and the reaper of one worker."""
+    """The poll loops and the reaper of one worker."""
 
     def __init__(
         self,
@@ -95,6 +117,7 @@ class Intake:
         capacity: Capacity,
         start: StartFn,
         in_flight: Container[str],
+        stopping: asyncio.Event,
     ) -> None:
         self.store = store
         self.redis: Redis = store.redis
@@ -104,86 +127,86 @@ class Intake:
         self.capacity = capacity
         self._start = start
         self._in_flight = in_flight
-        self._paused: set[str] = set()
-        self._paused_at = -1.0
+        self._stopping = stopping
+        self._plan = ReadPlan(self.queues, worker_id)
+        self._paused: frozenset[str] = frozenset()
+        self._blocking = False  # a poll loop is in XREAD BLOCK
+        self._found = asyncio.Event()  # a read returned entries: a waiting loop reads too
 
-    async def active_streams(self) -> list[str]:
-        """Streams of the queues not paused, p9 first across all queues."""
-        now = asyncio.get_running_loop().time()
-        if now - self._paused_at >= PAUSE_REFRESH_S:
-            flags = await self.redis.mget([keys.queue_paused(q) for q in self.queues])
-            paused = {q for q, f in zip(self.queues, flags, strict=True) if f == "1"}
-            if paused != self._paused:
-                log.info("worker %s: paused queues now %s", self.worker_id, sorted(paused) or "-")
-            self._paused = paused
-            self._paused_at = now
-        served = [q for q in self.queues if q not in self._paused]
-        return [keys.stream(q, p) for p in keys.PRIORITIES for q in served]
+    def active_streams(self) -> list[str]:
+        """Streams of the queues not paused (as of the last read), p9 first across queues."""
+        return [s for s in self._plan.streams if keys.stream_queue(s)[0] not in self._paused]
 
     # -- poll -----------------------------------------------------------------------------------
 
     async def poll(self, stopping: asyncio.Event) -> None:
-        """Read, start, repeat; block when there is nothing to read; return once stopping."""
-        idle = False
+        """Read, start, repeat; wait when there is nothing to read; return once stopping."""
         while not stopping.is_set():
-            streams = await self.active_streams()
-            if not streams:
-                await _wait(stopping, PAUSE_REFRESH_S)
-                continue
             n = await self.capacity.reserve(READ_BATCH, stopping)
             if n == 0:
                 return
             try:
-                since = await self._last_delivered(streams) if idle else None
-                entries = await self._read(streams, n)
+                got = await self.read(n)
+                if got.since and not self._blocking and n >= len(got.since):
+                    got = await self._read_blocking(got.since, n)
             except BaseException:
                 self.capacity.release(n)
                 raise
-            self.capacity.release(n - len(entries))
-            if entries:
-                idle = False
-                await asyncio.shield(self._start(entries))  # read entries are always started
-            elif since is None:
-                idle = True  # sample, read once more, then block
-            else:
-                await self.redis.xread(
-                    {s: since.get(s, "$") for s in streams}, count=1, block=BLOCK_MS
-                )
+            self.capacity.release(n - len(got.entries))
+            if got.entries:
+                self._found.set()
+                await asyncio.shield(self._start(got.entries))  # read entries are always started
+            elif got.nogroup:
+                for queue in dict.fromkeys(keys.stream_queue(s)[0] for s in got.nogroup):
+                    await self.store.ensure_groups(queue)
+            elif not got.since:  # a blocking read that timed out, or every queue paused
+                if got.paused.issuperset(self.queues):
+                    await _wait(stopping, PAUSE_REFRESH_S)
+            elif self._blocking:  # another loop watches the streams
+                self._found.clear()
+                await _first(stopping, self._found, BLOCK_MS / 1000)
+            else:  # too few slots to read every stream blocking: only watch them
+                self._blocking = True
+                try:
+                    watch: dict[Any, Any] = dict(got.since)
+                    await self.redis.xread(watch, count=1, block=BLOCK_MS)
+                finally:
+                    self._blocking = False
 
-    async def _last_delivered(self, streams: Sequence[str]) -> dict[str, str]:
-        """The consumer group's last-delivered id of each stream (one pipeline)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for stream in streams:
-            pipe.xinfo_groups(stream)
-        out: dict[str, str] = {}
-        for stream, groups in zip(streams, await pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(groups, Exception):
-                continue  # no stream yet: "$" (its first entry creates it)
-            for g in groups:
-                if g.get("name") == keys.CONSUMER_GROUP:
-                    out[stream] = str(g["last-delivered-id"])
-        return out
+    async def _read_blocking(self, since: dict[str, str], n: int) -> ReadReply:
+        """``XREADGROUP BLOCK`` on the streams that a read just found empty, holding ``n``
+        slots: ``COUNT n // len(since)`` per stream, so even entries landing on every stream
+        before the command arrives stay within the slots. Redis answers with the first
+        stream to get an entry."""
+        self._blocking = True
+        try:
+            reply = await self.redis.xreadgroup(
+                keys.CONSUMER_GROUP,
+                self.worker_id,
+                dict.fromkeys(since, ">"),
+                count=n // len(since),
+                block=BLOCK_MS,
+            )
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            return ReadReply([], [], list(since), self._paused, {})
+        finally:
+            self._blocking = False
+        entries, bad = parse_read(cast(list[Any], reply))
+        if bad:
+            await self._drop_unusable(bad)
+        return ReadReply(entries, bad, [], self._paused, {})
 
-    async def _read(self, streams: Sequence[str], capacity: int) -> list[Entry]:
-        """Strict priority: each stream in order, only while capacity is left."""
-        got: list[Entry] = []
-        for stream in streams:
-            left = capacity - len(got)
-            if left <= 0:
-                break
-            try:
-                reply = await self.redis.xreadgroup(
-                    keys.CONSUMER_GROUP, self.worker_id, {stream: ">"}, count=left
-                )
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                await self.store.ensure_groups(keys.stream_queue(stream)[0])
-                continue
-            entries, bad = parse_read(cast(list[Any], reply))
-            got.extend(entries)
-            if bad:
-                await self._drop_unusable(bad)
+    async def read(self, n: int) -> ReadReply:
+        """One read.lua call for at most ``n`` entries (slots the caller holds)."""
+        reply = await self.store.scripts.call(self.redis, *self._plan.call(n))
+        got = self._plan.parse(cast(list[Any], reply))
+        if got.paused != self._paused:
+            log.info("worker %s: paused queues now %s", self.worker_id, sorted(got.paused) or "-")
+            self._paused = got.paused
+        if got.bad:
+            await self._drop_unusable(got.bad)
         return got
 
     async def _drop_unusable(self, bad: Sequence[tuple[str, str]]) -> None:
@@ -207,13 +230,15 @@ class Intake:
             await self.reap_once()
 
     async def reap_once(self) -> int:
-        """Claim entries idle past the visibility timeout; returns how many were started."""
+        """Claim and start the entries idle past the visibility timeout, ahead of fresh reads
+        (waiting for slots on a busy worker); returns how many were started."""
         min_idle_ms = round(self.settings.visibility_timeout_s * 1000)
         started = 0
-        for stream in await self.active_streams():
-            cursor = "0-0"
+        for stream, idle in await self._idle_entries(min_idle_ms):
+            cursor, seen = "0-0", 0
             while True:
-                n = self.capacity.take(READ_BATCH)
+                want = READ_BATCH if idle is None else min(READ_BATCH, idle - seen)
+                n = await self.capacity.reserve(want, self._stopping, urgent=True)
                 if n == 0:
                     return started
                 try:
@@ -231,6 +256,8 @@ class Intake:
                     raise
                 cursor = str(reply[0])
                 entries, bad, nil = _claimed(stream, reply[1])
+                deleted = reply[2] if len(reply) > 2 else []
+                seen += len(entries) + len(bad) + nil + len(deleted)
                 self.capacity.release(n - len(entries))
                 if entries:
                     log.warning(
@@ -246,16 +273,34 @@ class Intake:
                     await self._drop_unusable(bad)
                 if nil:
                     await self._resolve_deleted(stream)
-                if len(reply) > 2 and reply[2]:
+                if deleted:
                     log.error(
                         "reaper: entries deleted from %s while pending (Redis removed them from "
                         "the pending list): %s",
                         stream,
-                        ", ".join(map(str, reply[2])),
+                        ", ".join(map(str, deleted)),
                     )
-                if cursor == "0-0":
+                if cursor == "0-0" or (idle is not None and seen >= idle):
                     break
         return started
+
+    async def _idle_entries(self, min_idle_ms: int) -> list[tuple[str, int | None]]:
+        """(stream, how many of its entries are idle past ``min_idle_ms``, None for at least a
+        full page) of the active streams that have any, p9 first: one pipeline."""
+        streams = self.active_streams()
+        page = max(self.capacity.size, READ_BATCH)
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xpending_range(stream, keys.CONSUMER_GROUP, "-", "+", page, idle=min_idle_ms)
+        out: list[tuple[str, int | None]] = []
+        for stream, rows in zip(streams, await pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(rows, ResponseError):
+                if "NOGROUP" not in str(rows):
+                    raise rows
+                await self.store.ensure_groups(keys.stream_queue(stream)[0])
+            elif rows:
+                out.append((stream, None if len(rows) >= page else len(rows)))
+        return out
 
     async def _resolve_deleted(self, stream: str) -> None:
         """Redis 6.2: XAUTOCLAIM answers nil for an entry deleted while pending and leaves it in
@@ -304,3 +349,13 @@ async def _wait(stopping: asyncio.Event, seconds: float) -> None:
     """Sleep ``seconds``, returning early when ``stopping`` is set."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stopping.wait(), seconds)
+
+
+async def _first(stopping: asyncio.Event, event: asyncio.Event, seconds: float) -> None:
+    """Wait until ``event`` or ``stopping`` is set, or ``seconds`` have passed."""
+    waits = {asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(event.wait())}
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()

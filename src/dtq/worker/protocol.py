@@ -1,5 +1,6 @@
 """The worker's side of the delivery protocol (DESIGN 3, 4): stream entries, and the KEYS and
-ARGV of the start, finish and touch scripts. No I/O here; the worker sends what this builds.
+ARGV of the read, start, finish and touch scripts, and their replies. No I/O here; the worker
+sends what this builds.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dtq.store import new_id
 __all__ = [
     "Entry",
     "Outcome",
+    "ReadPlan",
+    "ReadReply",
     "StartReply",
     "finish_call",
     "parse_read",
@@ -41,6 +44,12 @@ class Entry:
     payload: str
     idempotency_key: str
     timeout_ms: int
+
+    @classmethod
+    def from_flat(cls, stream: str, entry_id: str, flat: Sequence[str]) -> Entry | None:
+        """The entry from a script's reply, whose fields are ``[field, value, ...]``."""
+        it = iter(flat)
+        return cls.parse(stream, entry_id, dict(zip(it, it, strict=False)))
 
     @classmethod
     def parse(cls, stream: str, entry_id: str, fields: Mapping[str, str] | None) -> Entry | None:
@@ -78,6 +87,54 @@ def parse_read(
             else:
                 entries.append(entry)
     return entries, bad
+
+
+@dataclass(frozen=True)
+class ReadReply:
+    """read.lua's answer: what was read, and what the poll loop does next when nothing was."""
+
+    entries: list[Entry]
+    bad: list[tuple[str, str]]  # (stream, id) of entries without usable task fields
+    nogroup: list[str]  # streams without the consumer group
+    paused: frozenset[str]  # queues whose streams were not read
+    since: dict[str, str]  # nothing read: stream -> the id to XREAD BLOCK from
+
+
+class ReadPlan:
+    """The KEYS and ARGV of read.lua for one worker's queues, built once: the paused flags,
+    then every stream p9 first across the queues (strict priority, contract section 6)."""
+
+    def __init__(self, queues: Sequence[str], worker_id: str) -> None:
+        self.queues = list(queues)
+        self.streams = [keys.stream(q, p) for p in keys.PRIORITIES for q in self.queues]
+        self.keys = [*(keys.queue_paused(q) for q in self.queues), *self.streams]
+        queue_of = [str(1 + i % len(self.queues)) for i in range(len(self.streams))]
+        self._head: list[str] = [keys.CONSUMER_GROUP, worker_id]
+        self._tail: list[str] = [str(len(self.queues)), *queue_of]
+
+    def call(self, count: int) -> Call:
+        """Read at most ``count`` entries (the slots the caller reserved)."""
+        return ("read", self.keys, [*self._head, count, *self._tail])
+
+    def parse(self, reply: Sequence[Any]) -> ReadReply:
+        got, nogroup, paused, since = reply
+        entries: list[Entry] = []
+        bad: list[tuple[str, str]] = []
+        for i in range(0, len(got), 2):
+            stream = self.streams[int(got[i]) - 1]
+            for entry_id, flat in got[i + 1]:
+                entry = Entry.from_flat(stream, entry_id, flat or ())
+                if entry is None:
+                    bad.append((stream, entry_id))
+                else:
+                    entries.append(entry)
+        return ReadReply(
+            entries,
+            bad,
+            [self.streams[int(k) - 1] for k in nogroup],
+            frozenset(self.queues[int(q) - 1] for q in paused),
+            {self.streams[int(since[i]) - 1]: str(since[i + 1]) for i in range(0, len(since), 2)},
+        )
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from dtq import keys
 from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.log import bind as bind_log_fields
-from dtq.scripts import OpHook, Scripts
+from dtq.scripts import Call, OpHook, Scripts
 from dtq.store import Store
 from dtq.worker.connection import worker_redis
 from dtq.worker.executor import Execution, Finisher, ThreadRunner, run_handler
@@ -130,6 +130,7 @@ class Worker:
             self.capacity,
             self._start,
             self.inflight,
+            self._stopping,
         )
         self.started = asyncio.Event()
 
@@ -314,7 +315,8 @@ class Worker:
         return self.settings.reaper_interval_s * (1 + self._rng.uniform(-JITTER, JITTER))
 
     async def reap_once(self) -> int:
-        """One reaper pass now (tests, operators); returns how many entries it started."""
+        """One reaper pass now (tests, operators): on a busy worker it waits for the slots its
+        claimable entries need (ahead of the poll loops); returns how many it started."""
         return await self.intake.reap_once()
 
     def _release(self, n: int = 1) -> None:
@@ -334,7 +336,7 @@ class Worker:
             return
         calls = [start_call(e, self.worker_id, self.settings) for e in todo]
         try:
-            replies = await self.scripts.call_many(self.redis, calls)
+            replies = await self._call_starts(calls)
         except BaseException:
             self._release(len(todo))  # entries stay pending: the reaper redelivers them
             raise
@@ -351,6 +353,16 @@ class Worker:
                 self._release()
                 continue
             self._launch(entry, start)
+
+    async def _call_starts(self, calls: Sequence[Call]) -> list[Any]:
+        """The start scripts of one read: one pipeline, or a plain EVALSHA for a lone entry
+        (an idle worker's wake-up: no pipeline machinery on the way to start)."""
+        if len(calls) > 1:
+            return await self.scripts.call_many(self.redis, calls)
+        try:
+            return [await self.scripts.call(self.redis, *calls[0])]
+        except ResponseError as exc:  # the script's error, for that entry alone
+            return [exc]
 
     def _skipped(self, entry: Entry, start: StartReply) -> None:
         level = logging.WARNING if start.kind in {"duplicate", "dead", "fenced"} else logging.INFO

@@ -1,0 +1,158 @@
+"""A/B of the worker's drain: two or more source trees of dtq, rounds interleaved, one Redis.
+
+    python -m bench.ab before=/path/to/old/src after=src [--n 20000] [--rounds 3]
+        [--concurrency 128] [--processes 1]
+
+Each variant is a folder holding the ``dtq`` package (a checkout's ``src``, e.g. from
+``git archive <commit> src | tar -x -C /tmp/old``); its workers import dtq from there
+(``PYTHONPATH``), the rest of the run uses this checkout. Per round and variant: the queue is
+paused, filled with ``--n`` no-op tasks, the worker (``--processes`` of them) started and
+waited for until ready, then the CPU time of the worker processes and of Redis is read, the
+queue resumed, and the drain waited for. Printed: tasks/s (first to last ``finished_at``, Redis
+clock), the worker's CPU per task (user + system, and system alone) and Redis's CPU per task,
+each round and the medians. CPU per task is what to compare on a shared machine; the rates move
+with the machine's load. Variants run in turns, the order reversed every other round, so a
+drift of the load hits each alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from bench.harness import NOOP_TASK, Env, iso_ms, live_entries, statuses, wait_until
+from bench.profile import redis_cpu_s
+from bench.workers import find_worker, spawn_worker
+from dtq import keys
+from dtq.devserver import start_redis
+
+TICK_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> tuple[float, float]:
+    """(user + system, system) CPU seconds of a process, 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0, 0.0
+    user, system = int(fields[11]) / TICK_S, int(fields[12]) / TICK_S
+    return user + system, system
+
+
+async def ready_pids(r: Redis, want: int) -> list[int]:
+    """The pids of ``want`` workers that report ready, or [] until there are as many."""
+    pids = []
+    for worker_id in await r.smembers(keys.WORKERS):
+        h = await r.hgetall(keys.worker(worker_id))
+        if h.get("status") in ("ready", "busy") and h.get("pid"):
+            pids.append(int(h["pid"]))
+    return pids if len(pids) >= want else []
+
+
+async def drain_once(
+    env: Env, redis_pid: int, src: str, n: int, concurrency: int, processes: int
+) -> dict[str, float]:
+    await env.flush()
+    r = await env.redis()
+    q = await env.queue()
+    try:
+        await r.set(keys.queue_paused("default"), "1")
+        ids = await env.fill(q, n, NOOP_TASK)
+        os.environ["PYTHONPATH"] = src  # the workers' dtq (bench.workers keeps the root first)
+        cli = find_worker()
+        if isinstance(cli, str):
+            raise SystemExit(f"no worker: {cli}")
+        spawn_worker(env, cli, concurrency=concurrency, processes=processes)
+        pids: list[int] = []
+
+        async def ready() -> bool:
+            nonlocal pids
+            pids = await ready_pids(r, processes)
+            return bool(pids)
+
+        if not await wait_until(ready, 60, interval_s=0.05):
+            raise RuntimeError("the workers did not get ready within 60 s")
+        await asyncio.sleep(0.5)  # past their start-up work
+        w0 = [cpu_s(p) for p in pids]
+        r0 = redis_cpu_s(redis_pid)
+        await r.delete(keys.queue_paused("default"))
+
+        async def drained() -> bool:
+            return await live_entries(r) == 0
+
+        if not await wait_until(drained, 600, interval_s=0.05):
+            raise RuntimeError("not drained within 600 s")
+        w1 = [cpu_s(p) for p in pids]
+        r1 = redis_cpu_s(redis_pid)
+        rows = await statuses(r, ids, "status", "finished_at")
+        done = [iso_ms(fin) for st, fin in rows if st == "succeeded" and fin]
+        if len(done) != n:
+            raise RuntimeError(f"{n - len(done)} of {n} tasks did not succeed")
+    finally:
+        env.stop_children()
+        await q.close()
+        await r.aclose()
+    return {
+        "tasks/s": (n - 1) / ((max(done) - min(done)) / 1000),
+        "worker us/task": sum(b[0] - a[0] for a, b in zip(w0, w1, strict=True)) / n * 1e6,
+        "worker sys us/task": sum(b[1] - a[1] for a, b in zip(w0, w1, strict=True)) / n * 1e6,
+        "redis us/task": (r1 - r0) / n * 1e6,
+    }
+
+
+def _line(values: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:,.1f}" for k, v in values.items())
+
+
+async def run(args: argparse.Namespace) -> None:
+    variants: list[tuple[str, str]] = args.variants
+    work = Path(tempfile.mkdtemp(prefix="dtq-ab-"))
+    server = start_redis(work / "redis")
+    env = Env(redis_url=server.url, quick=False, work_dir=work, concurrency=args.concurrency)
+    results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
+    try:
+        for i in range(args.rounds):
+            for name, src in variants if i % 2 == 0 else variants[::-1]:
+                got = await drain_once(
+                    env, server.pid, src, args.n, args.concurrency, args.processes
+                )
+                results[name].append(got)
+                print(f"round {i + 1} {name}: {_line(got)}", flush=True)
+    finally:
+        env.stop_children()
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"medians of {args.rounds} rounds of {args.n:,} tasks, --concurrency {args.concurrency}"
+        f" --processes {args.processes}, load average {os.getloadavg()[0]:.2f} at the end:"
+    )
+    for name, rows in results.items():
+        print(f"  {name}: {_line({k: statistics.median(r[k] for r in rows) for k in rows[0]})}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__)
+    p.add_argument("variants", nargs="+", metavar="NAME=SRC", help="a name and a src folder")
+    p.add_argument("--n", type=int, default=20_000, help="tasks per drain (default 20,000)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=128)
+    p.add_argument("--processes", type=int, default=1)
+    args = p.parse_args(argv)
+    if any("=" not in v for v in args.variants):
+        p.error("each variant is NAME=SRC")
+    args.variants = [
+        (name, os.path.abspath(src)) for name, src in (v.split("=", 1) for v in args.variants)
+    ]
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
