@@ -16,11 +16,14 @@ sections 2, 4, 6) does any work. Each leader tick:
 4. every few seconds, removes from ``dtq:workers`` each worker whose heartbeat is older than
    three heartbeat intervals (or whose hash is gone) and publishes WORKER_STALE for it, once.
 
+A Redis call that fails because Redis is unavailable is reported to the worker's
+:class:`~dtq.worker.outage.RedisOutage` (rate-limited, shared by every loop of the process) and
+tried again at the next tick; a bug in a phase is logged with its trace.
+
 All times are the Redis server's (DESIGN 5): the scripts read ``TIME``; this module asks Redis
 for the time once per tick and never reads the local clock for a decision about a task (the
-local monotonic clock only paces how long one phase keeps sending batches). A Redis call that
-fails is logged and tried again at the next tick; the loop ends only when ``stopping`` is set
-(or the task running it is cancelled), and then releases the lock.
+local monotonic clock only paces how long one phase keeps sending batches). The loop ends only
+when ``stopping`` is set (or the task running it is cancelled), and then releases the lock.
 """
 
 from __future__ import annotations
@@ -33,9 +36,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from dtq import admin, keys
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
@@ -43,6 +43,7 @@ from dtq.events import make_event
 from dtq.models import format_ts
 from dtq.scripts import Call
 from dtq.store import Store, new_id
+from dtq.worker.outage import TRANSIENT, RedisOutage
 
 __all__ = [
     "CLAIM_BATCH",
@@ -67,8 +68,6 @@ STALE_CHECK_MIN_MS = 1_000
 STALE_CHECK_MAX_MS = 5_000
 RELEASE_TIMEOUT_S = 2.0
 JITTER = 0.2
-
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 @dataclass
@@ -96,9 +95,12 @@ class Scheduler:
         settings: Settings,
         worker_id: str,
         on_tick: Callable[[TickResult], Awaitable[None]] | None = None,
+        outage: RedisOutage | None = None,
     ) -> None:
-        """``on_tick``: awaited after a leader tick that retried or expired tasks (metrics)."""
+        """``on_tick``: awaited after a leader tick that retried or expired tasks (metrics);
+        ``outage``: the process's reporter of Redis failures (by default one of its own)."""
         self.store = store
+        self.outage = outage or RedisOutage()
         self.on_tick = on_tick
         self.settings = settings
         self.worker_id = worker_id
@@ -143,6 +145,7 @@ class Scheduler:
             self._leader = False
             self._transient(result, "lock", exc)
             return result
+        self.outage.ok("scheduler")
         result.leader = self._leader
         if not self._leader:
             return result
@@ -312,7 +315,7 @@ class Scheduler:
             await self._stale_workers(now_ms, result)
 
     def _transient(self, result: TickResult, phase: str, exc: BaseException) -> None:
-        log.warning("scheduler %s: Redis unavailable, retried next tick: %s", phase, exc)
+        self.outage.failed(f"scheduler {phase}", exc)  # tried again at the next tick
         result.errors.append(phase)
 
 

@@ -10,6 +10,11 @@ Loops, each cancellable and jittered:
   (:class:`~dtq.worker.scheduler.Scheduler`, leader only);
 - **heartbeat** on its own thread (:mod:`dtq.worker.heartbeat`).
 
+A loop that loses Redis tells the process's one :class:`~dtq.worker.outage.RedisOutage` (the
+first failure logged at once, then at most a line a second, then one line when Redis answers)
+and starts again once Redis answers a PING; a bug is logged with its trace and the loop started
+again.
+
 Start scripts of one read go to Redis in one pipeline; each started entry runs as its own
 asyncio task (:func:`~dtq.worker.executor.run_handler`) and its finish script joins the
 finisher's next pipeline. Shutdown (:meth:`Worker.stop`): stop intake and the scheduler, wait
@@ -29,9 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dtq import keys
 from dtq.clock import RedisClock
@@ -43,6 +46,7 @@ from dtq.worker.connection import worker_redis
 from dtq.worker.executor import Execution, Finisher, ThreadRunner, run_handler
 from dtq.worker.heartbeat import Heartbeat
 from dtq.worker.intake import BLOCK_MS, READ_BATCH, Capacity, Intake
+from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq.worker.protocol import Entry, Outcome, StartReply, finish_call, start_call, touch_args
 from dtq.worker.scheduler import Scheduler, TickResult
 from dtq_tasks import Handler, registry
@@ -54,7 +58,7 @@ log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.25
 JITTER = 0.2
 POLL_LOOPS = 2
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+PROBE_S = 1.0  # a loop that lost Redis pings it this often before it starts again
 
 
 def new_worker_id() -> str:
@@ -120,7 +124,11 @@ class Worker:
         self._executions: set[asyncio.Task[None]] = set()
         self._rng = random.Random()
         self._threads: ThreadRunner | None = None
-        self._finisher = Finisher(self.store, retry_budget_s=settings.visibility_timeout_s / 2)
+        # One reporter for every loop of the process, the heartbeat thread's too (outage.py).
+        self.outage = RedisOutage()
+        self._finisher = Finisher(
+            self.store, retry_budget_s=settings.visibility_timeout_s / 2, outage=self.outage
+        )
         self._heartbeat: Heartbeat | None = None
         self.intake = Intake(
             self.store,
@@ -165,6 +173,7 @@ class Worker:
                 snapshot=self._snapshot,
                 stats=self._stats,
                 on_lost=lambda ids: self._lost_from_thread(loop, ids),
+                outage=self.outage,
             )
             await asyncio.to_thread(self._heartbeat.start)
         except BaseException:
@@ -176,6 +185,7 @@ class Worker:
             await asyncio.to_thread(self._heartbeat.stop)
             self._threads.shutdown()
             await self.redis.aclose()
+            self.outage.flush()
             log.info(
                 "worker %s stopped (%d processed, %d failed, %d retried)",
                 self.worker_id,
@@ -189,7 +199,11 @@ class Worker:
         finisher = asyncio.create_task(self._finisher.run(), name="finisher")
         scheduler = asyncio.create_task(
             Scheduler(
-                self.store, self.settings, self.worker_id, on_tick=self._scheduler_ticked
+                self.store,
+                self.settings,
+                self.worker_id,
+                on_tick=self._scheduler_ticked,
+                outage=self.outage,
             ).run(self._scheduler_stop),
             name="scheduler",
         )
@@ -283,7 +297,10 @@ class Worker:
             await asyncio.wait(set(self._executions), timeout=5)
 
     async def _supervise(self, name: str, body: Any) -> None:
-        """Run one loop; a bug is logged with its trace and the loop started again."""
+        """Run one loop. Redis unavailable: reported (rate-limited, :mod:`dtq.worker.outage`),
+        then the loop starts again once Redis answers a PING. A bug is logged with its trace
+        and the loop started again a second later."""
+        what = f"{name} loop"
         while not self._stopping.is_set():
             try:
                 await body()
@@ -291,10 +308,28 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except TRANSIENT as exc:
-                log.warning("%s loop: Redis unavailable: %s", name, exc)
+                self.outage.failed(what, exc)
+                await self._until_redis_answers(what)
             except Exception:
-                log.exception("%s loop failed; restarting it", name)
-            await self._sleep(1.0)
+                log.exception("%s failed; restarting it", what)
+                await self._sleep(1.0)
+
+    async def _until_redis_answers(self, what: str) -> None:
+        """Ping Redis every ``PROBE_S`` (jittered) until it answers or the worker stops."""
+        while True:
+            await self._sleep(PROBE_S)
+            if self._stopping.is_set():
+                return
+            try:
+                await self.redis.ping()
+            except TRANSIENT as exc:
+                self.outage.failed(what, exc)
+                continue
+            self.outage.ok(what)
+            # Idle pooled connections that predate the outage may be dead (Redis restarted):
+            # closed now, they reconnect when next used instead of failing a loop once more.
+            await self.redis.connection_pool.disconnect(inuse_connections=False)
+            return
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep with jitter, returning early when the worker stops."""
@@ -450,7 +485,10 @@ class Worker:
     def _finished(self, ex: Execution, kind: str, reply: Any) -> str:
         entry = ex.entry
         if isinstance(reply, Exception):
-            log.error(
+            # Redis unavailable: the finisher logged the batch (with this task's id) once.
+            level = logging.DEBUG if isinstance(reply, TRANSIENT) else logging.ERROR
+            log.log(
+                level,
                 "finish of task %s attempt %d failed: %s: the entry stays pending",
                 entry.task_id,
                 ex.attempt,
