@@ -35,6 +35,7 @@ SCRIPT_NAMES = (
     "set_paused",
     "purge_queue",
     "lock",
+    "drop_consumers",
 )
 
 Call = tuple[str, Sequence[str], Sequence[Any]]

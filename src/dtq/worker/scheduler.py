@@ -14,7 +14,9 @@ sections 2, 4, 6) does any work. Each leader tick:
    batch after full batch for at most ``PHASE_BUDGET_S``; a sweep the budget cut short goes on
    at the next tick instead of a second later;
 4. every few seconds, removes from ``dtq:workers`` each worker whose heartbeat is older than
-   three heartbeat intervals (or whose hash is gone) and publishes WORKER_STALE for it, once.
+   three heartbeat intervals (or whose hash is gone) and publishes WORKER_STALE for it, once;
+   and deletes the consumers of workers not alive that hold no pending entry
+   (:func:`dtq.worker.consumers.drop_dead`), so consumer counts stay bounded.
 
 A Redis call that fails because Redis is unavailable is reported to the worker's
 :class:`~dtq.worker.outage.RedisOutage` (rate-limited, shared by every loop of the process) and
@@ -43,6 +45,7 @@ from dtq.events import make_event
 from dtq.models import format_ts
 from dtq.scripts import Call
 from dtq.store import Store, new_id
+from dtq.worker.consumers import drop_dead, worker_alive
 from dtq.worker.outage import TRANSIENT, RedisOutage
 
 __all__ = [
@@ -83,6 +86,7 @@ class TickResult:
     skipped: list[str] = field(default_factory=list)  # claimed but no longer promotable
     swept: bool = False
     stale_workers: list[str] = field(default_factory=list)
+    dropped_consumers: list[tuple[str, str]] = field(default_factory=list)  # (stream, consumer)
     errors: list[str] = field(default_factory=list)  # the phases that failed
 
 
@@ -265,6 +269,9 @@ class Scheduler:
         beat_ms = round(self.settings.heartbeat_interval_s * 1000)
         return max(STALE_CHECK_MIN_MS, min(STALE_CHECK_MAX_MS, beat_ms))
 
+    def _stale_limit_ms(self) -> int:
+        return round(STALE_HEARTBEATS * self.settings.heartbeat_interval_s * 1000)
+
     async def _stale_workers(self, now_ms: int, result: TickResult) -> None:
         redis = self.store.redis
         members = sorted(cast(set[str], await redis.smembers(keys.WORKERS)))
@@ -275,14 +282,14 @@ class Scheduler:
             pipe.exists(keys.worker(wid))
             pipe.hget(keys.worker(wid), "last_heartbeat_ms")
         flat = await pipe.execute()
-        limit_ms = round(STALE_HEARTBEATS * self.settings.heartbeat_interval_s * 1000)
+        limit_ms = self._stale_limit_ms()
         for wid, exists, beat in zip(members, flat[::2], flat[1::2], strict=True):
-            beat_ms = _int_or_none(beat)
-            if exists and (beat_ms is None or now_ms - beat_ms <= limit_ms):
+            if worker_alive(exists, beat, now_ms, limit_ms):
                 continue  # alive (or starting: no heartbeat written yet, its hash TTL runs)
             # SREM first: of two schedulers that both saw it, only one publishes.
             if await redis.srem(keys.WORKERS, wid) != 1:
                 continue
+            beat_ms = _int_or_none(beat)
             meta: dict[str, Any] = {"reason": "heartbeat_old" if exists else "hash_gone"}
             if beat_ms is not None:
                 meta["last_heartbeat"] = format_ts(beat_ms)
@@ -293,6 +300,22 @@ class Scheduler:
             )
             log.warning("worker %s is stale (%s): removed from the worker set", wid, meta)
             result.stale_workers.append(wid)
+
+    async def _drop_consumers(self, now_ms: int, result: TickResult) -> None:
+        """Consumers of workers not alive that hold no entry, idle a visibility timeout."""
+        min_idle_ms = round(self.settings.visibility_timeout_s * 1000)
+        dropped = await drop_dead(self.store, now_ms, self._stale_limit_ms(), min_idle_ms)
+        if not dropped:
+            return
+        result.dropped_consumers.extend(dropped)
+        per_worker: dict[str, int] = {}
+        for _, name in dropped:
+            per_worker[name] = per_worker.get(name, 0) + 1
+        log.info(
+            "removed %d consumer(s) of workers no longer alive, holding no entry: %s",
+            len(dropped),
+            ", ".join(f"{name} ({n} stream(s))" for name, n in sorted(per_worker.items())),
+        )
 
     async def _phase(self, result: TickResult, name: str, work: Awaitable[None]) -> None:
         """Run one phase; its failure is logged and does not stop the phases after it."""
@@ -313,6 +336,7 @@ class Scheduler:
         if now_ms >= self._next_stale_check_ms:
             self._next_stale_check_ms = now_ms + self._stale_check_ms()
             await self._stale_workers(now_ms, result)
+            await self._phase(result, "consumers", self._drop_consumers(now_ms, result))
 
     def _transient(self, result: TickResult, phase: str, exc: BaseException) -> None:
         self.outage.failed(f"scheduler {phase}", exc)  # tried again at the next tick

@@ -19,8 +19,8 @@ Start scripts of one read go to Redis in one pipeline; each started entry runs a
 asyncio task (:func:`~dtq.worker.executor.run_handler`) and its finish script joins the
 finisher's next pipeline. Shutdown (:meth:`Worker.stop`): stop intake and the scheduler, wait
 up to ``DTQ_DRAIN_TIMEOUT_S`` for in-flight work, stop what is left *without* acknowledging it
-(a peer reclaims it), flush finishes, heartbeat to the end, then status stopped and
-WORKER_STOPPED.
+(a peer reclaims it), flush finishes, delete its consumers that hold no entry
+(:mod:`dtq.worker.consumers`), heartbeat to the end, then status stopped and WORKER_STOPPED.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from dtq.log import bind as bind_log_fields
 from dtq.scripts import OpHook, Scripts
 from dtq.store import Store
 from dtq.worker.connection import worker_redis
+from dtq.worker.consumers import drop_own
 from dtq.worker.executor import Execution, Finisher, ThreadRunner, run_handler
 from dtq.worker.heartbeat import Heartbeat
 from dtq.worker.intake import BLOCK_MS, READ_BATCH, Capacity, Intake
@@ -59,6 +60,7 @@ CANCEL_POLL_S = 0.25
 JITTER = 0.2
 POLL_LOOPS = 2
 PROBE_S = 1.0  # a loop that lost Redis pings it this often before it starts again
+LEAVE_TIMEOUT_S = 5.0
 
 
 def new_worker_id() -> str:
@@ -238,6 +240,7 @@ class Worker:
             for t in (finisher, scheduler, watcher):
                 t.cancel()
             await asyncio.gather(finisher, scheduler, watcher, *intake, return_exceptions=True)
+            await self._leave_groups()
 
     # -- start and stop -------------------------------------------------------------------------
 
@@ -295,6 +298,31 @@ class Worker:
             )
         if self._executions:
             await asyncio.wait(set(self._executions), timeout=5)
+
+    async def _leave_groups(self) -> None:
+        """Delete this worker's consumers that hold no entry (consumers.py); one that holds an
+        entry left by the drain stays until a peer has claimed it and the leader removes it."""
+        try:
+            async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                kept = await drop_own(self.store, self.worker_id, self.queues)
+        except (*TRANSIENT, TimeoutError) as exc:
+            log.warning(
+                "worker %s: consumers not removed (Redis unavailable: %s); the scheduler leader "
+                "removes them once this worker's heartbeat has expired",
+                self.worker_id,
+                exc,
+            )
+            return
+        except Exception:
+            log.exception("worker %s: consumers not removed", self.worker_id)
+            return
+        if kept:
+            log.info(
+                "worker %s: consumer kept on %s: it holds entries that a peer claims after the "
+                "visibility timeout",
+                self.worker_id,
+                ", ".join(kept),
+            )
 
     async def _supervise(self, name: str, body: Any) -> None:
         """Run one loop. Redis unavailable: reported (rate-limited, :mod:`dtq.worker.outage`),
