@@ -85,7 +85,8 @@ class WorkerObserver:
         """finish.lua recorded ``status`` (or ``fenced``); ``outcome`` is how the run ended."""
 
     async def scheduler_ticked(self, result: TickResult, redis: Redis) -> None:
-        """This worker's scheduler (the leader) retried or expired tasks in one tick."""
+        """This worker's scheduler (the leader) retried or expired tasks: one call per batch
+        (of at most 100) of a tick, with that batch's part of the tick's result."""
 
 
 class Worker:
