@@ -101,20 +101,21 @@ def _cancel_reply(task_id: str, reply: list[Any]) -> str:
 
 
 def _expire_call(
-    store: Store, tasks: Sequence[tuple[str, Where]], mode: str, audit: Audit | None
+    store: Store, tasks: Sequence[tuple[str, Where | None]], mode: str, audit: Audit | None
 ) -> Call:
-    """One ``expire.lua`` call for ``tasks`` ((task_id, where) pairs)."""
+    """One ``expire.lua`` call for ``tasks`` ((task_id, where) pairs). A task whose ``where``
+    is not known yet gets its hash and history keys only (see the script's header)."""
     s = store.settings
     key_list = [keys.RETRY_SCHEDULE, keys.RETRY_CLAIMED, keys.EXPIRY, keys.AUDIT]
     argv: list[Any] = [mode, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, *audit_args(audit)]
-    for task_id, (queue, priority, idem) in tasks:
-        key_list += [
-            keys.task(task_id),
-            keys.history(task_id),
-            keys.stream(queue, priority),
-            keys.idempotency(queue, idem),
-        ]
-        argv += [task_id, new_id()]
+    for task_id, where in tasks:
+        key_list += [keys.task(task_id), keys.history(task_id)]
+        if where is None:
+            argv += [task_id, new_id(), 2]
+        else:
+            queue, priority, idem = where
+            key_list += [keys.stream(queue, priority), keys.idempotency(queue, idem)]
+            argv += [task_id, new_id(), 4]
     return ("expire", key_list, argv)
 
 
@@ -152,34 +153,31 @@ async def sweep_due(
     store: Store, now_ms: int, limit: int = SWEEP_BATCH, per_call: int = SWEEP_PER_CALL
 ) -> Swept:
     """Expire up to ``limit`` tasks whose deadline is due on the Redis clock, ``per_call`` tasks
-    per ``expire.lua`` call (all of the batch's calls in one pipeline).
+    per ``expire.lua`` call, all of a batch's calls in one pipeline. The tasks are not read
+    first: those that need their stream or idempotency record (queued, or with a key) come
+    back with what their keys are made of and go in a second pipeline.
 
     The expire script re-checks each one on the server, so a task that started or was
     extended in between is left alone.
     """
     due = cast(list[str], await store.redis.zrangebyscore(keys.EXPIRY, "-inf", now_ms, 0, limit))
-    if not due:
-        return Swept(0, {})
-    todo: list[tuple[str, Where]] = []
-    gone: list[str] = []
-    for tid, where in zip(due, await task_keys(store, due), strict=True):
-        if where is None:
-            gone.append(tid)
-        else:
-            todo.append((tid, where))
-    if gone:
-        await store.redis.zrem(keys.EXPIRY, *gone)
-    calls = [
-        _expire_call(store, todo[i : i + per_call], "sweep", None)
-        for i in range(0, len(todo), per_call)
-    ]
     expired: dict[str, tuple[str, str]] = {}
-    for call, reply in zip(calls, await store.scripts.call_many(store.redis, calls), strict=True):
-        if isinstance(reply, Exception):
-            raise reply
-        for task_id, one in zip(call[2][6::2], reply, strict=True):
-            if one[0] == "expired":
-                expired[str(task_id)] = (str(one[2]), str(one[3]))
+    todo: list[tuple[str, Where | None]] = [(tid, None) for tid in due]
+    while todo:
+        calls = [
+            _expire_call(store, todo[i : i + per_call], "sweep", None)
+            for i in range(0, len(todo), per_call)
+        ]
+        todo = []
+        replies = await store.scripts.call_many(store.redis, calls)
+        for call, reply in zip(calls, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            for task_id, one in zip(call[2][6::3], reply, strict=True):
+                if one[0] == "expired":
+                    expired[str(task_id)] = (str(one[2]), str(one[3]))
+                elif one[0] == "keys":
+                    todo.append((str(task_id), (str(one[1]), int(one[2]), str(one[3] or ""))))
     return Swept(len(due), expired)
 
 

@@ -5,17 +5,25 @@
 -- both steps). Index cleanup: schedule, claim and expiry members and the stream entry go (a
 -- delivered, not-started entry stays for its consumer to ACK).
 --
+-- The sweep does not read the tasks first: it gives each task's hash and history keys only.
+-- A task that needs more keys (QUEUED: its stream entry goes; an idempotency key: its record
+-- says failed) is then left unchanged and named in the reply with what its keys are made of;
+-- the sweep calls again for it with all four keys. Delayed tasks, the usual burst, take one
+-- call.
+--
 -- KEYS[1] = dtq:retry:schedule   KEYS[2] = dtq:retry:claimed   KEYS[3] = dtq:expiry
 -- KEYS[4] = dtq:stream:audit
--- then four keys per task i = 1..n, from KEYS[4 + 4 * (i - 1) + 1]:
---   dtq:task:<id>, dtq:task:<id>:history, dtq:stream:<queue>:p<N>,
---   dtq:idempotency:<queue>:<key> (placeholder when none)
+-- then, per task in order, 2 or 4 keys (its ARGV says which): dtq:task:<id>,
+--   dtq:task:<id>:history [, dtq:stream:<queue>:p<N>, dtq:idempotency:<queue>:<key>
+--   (placeholder when none)]
 -- ARGV[1] mode: "manual" (now, whatever expires_at says) | "sweep" (only if due)
 -- ARGV[2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] audit actor ("" = no audit entry, as for the sweep)  [6] audit request_id or ""
--- then two values per task i, from ARGV[6 + 2 * (i - 1) + 1]: task_id, event_id
+-- then three values per task i, from ARGV[6 + 3 * (i - 1) + 1]: task_id, event_id, and how
+--   many keys it has (2 or 4)
 -- An audit entry (action "expire") is appended for each task marked expired.
 -- Returns one reply per task, in order: {"expired", from, queue, task_type} | {"skip", why}
+--   | {"keys", queue, priority, idempotency_key} (2 keys given, 4 needed: nothing changed)
 --   | {"err", "NOT_FOUND"} | {"err", "STATUS", status}
 local call = redis.call
 local sweep = ARGV[1] == 'sweep'
@@ -28,13 +36,16 @@ local reason = sweep and 'ttl' or 'mark_expired'
 local hist_tail = ',"reason":"' .. reason .. '"'
 local expired_meta = '{"expired_at":"' .. ts .. '","reason":"' .. reason .. '"'
 local out = {}
-for i = 1, (#KEYS - 4) / 4 do
-  local k = 4 * i
-  local task_id, event_id = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
-  local tkey, hkey = KEYS[k + 1], KEYS[k + 2]
+local k = 4  -- the keys before this task's
+for i = 1, (#ARGV - 6) / 3 do
+  local a = 6 + 3 * (i - 1)
+  local task_id, event_id, full = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '4'
+  local tkey, hkey, skey, ikey = KEYS[k + 1], KEYS[k + 2], nil, nil
+  if full then skey, ikey = KEYS[k + 3], KEYS[k + 4]; k = k + 4 else k = k + 2 end
   local h = call('HMGET', tkey, 'status', 'entry_id', 'queue', 'task_type', 'attempt',
-    'idempotency_key', 'expires_at_ms', 'expires_at')
+    'idempotency_key', 'expires_at_ms', 'expires_at', 'priority')
   local status, queue, task_type = h[1], h[3] or '', h[4] or ''
+  local idem = h[6] or ''
   -- HMGET gives false for a missing field: tonumber(h[7] or '') is nil for "no deadline".
   local exp_ms = tonumber(h[7] or '')
   if not status then
@@ -51,6 +62,8 @@ for i = 1, (#KEYS - 4) / 4 do
     -- not looked at every second and does not hold a place in every batch.
     call('ZADD', KEYS[3], exp_ms, task_id)
     out[i] = {'skip', 'not_due'}
+  elseif not full and (status == 'queued' or idem ~= '') then
+    out[i] = {'keys', queue, h[9] or '0', idem}
   else
     local attempt = tonumber(h[5]) or 0
     local from = status == 'retrying' and 'queued' or status
@@ -70,8 +83,8 @@ for i = 1, (#KEYS - 4) / 4 do
     call('ZREM', KEYS[1], task_id)
     call('ZREM', KEYS[2], task_id)
     call('ZREM', KEYS[3], task_id)
-    if status == 'queued' then drop_entry(KEYS[k + 3], 'workers', h[2]) end
-    idem_state(KEYS[k + 4], h[6], task_id, 'failed', ts, ARGV[3])
+    if status == 'queued' then drop_entry(skey, 'workers', h[2]) end
+    idem_state(ikey, idem, task_id, 'failed', ts, ARGV[3])
     local meta = expired_meta
     if h[8] and h[8] ~= '' then meta = meta .. ',"expires_at":"' .. h[8] .. '"' end
     call('PUBLISH', ARGV[4], '{"event_id":"' .. event_id .. '","ts":"' .. ts ..
