@@ -41,6 +41,7 @@ SCRIPT_NAMES = (
     "set_paused",
     "purge_queue",
     "lock",
+    "drop_consumers",
 )
 
 Call = tuple[str, Sequence[str], Sequence[Any]]

@@ -5,9 +5,12 @@ is flat. Also :func:`audit_keys`, the key check shared with the state machine.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
 import math
+import random
 import re
 import sys
 import time
@@ -16,7 +19,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from chaos_checker import Report, check, require_clean
-from chaos_harness import CHAOS_DIR, REPO, Proc, Scale, running, wait_until
+from chaos_harness import CHAOS_DIR, REPO, Cluster, Proc, Scale, running, wait_until
 from chaos_load import LoadGen, Spec, all_task_ids, wait_quiet, work_specs
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
@@ -201,9 +204,10 @@ async def soak(root: Path, scale: Scale) -> list[Report]:
     """Rounds of tasks (about 5 % dead letters) with a short task retention (a task hash
     lives a few seconds after its last change, so each round's keys are gone before the next
     measure): after each round every key has a TTL or a documented bound, the task streams
-    are empty, consumers and workers stay bounded, and the memory of Redis's keys after rounds
-    3-5 is flat within 5 % (full run: by then the capped keys, the recent list and the
-    dead-letter stream, are at their caps)."""
+    are empty, consumers and workers stay bounded although two workers are replaced by new
+    ids before every round after the first (one stopped with SIGTERM, one killed -9), and the
+    memory of Redis's keys after rounds 3-5 is flat within 5 % (full run: by then the capped
+    keys, the recent list and the dead-letter stream, are at their caps)."""
     rng = scale.rng("soak")
     n = scale.pick(60, 10_000)
     dlq_maxlen = scale.pick(20, 1000)
@@ -222,7 +226,10 @@ async def soak(root: Path, scale: Scale) -> list[Report]:
     async with running(root, "soak", settings=settings_) as run:
         c = run.cluster
         await c.wait_workers([c.spawn_worker("soak") for _ in range(workers)])
+        restarts = 0
         for rnd in range(1, SOAK_ROUNDS + 1):
+            if rnd > 1:
+                restarts += await _replace_two_workers(c, rng)
             specs: list[Spec] = work_specs(rng, n, start_seq=rnd * n)
             for s in rng.sample(specs, max(1, n // 20)):
                 s.payload["fail"] = "dead"
@@ -241,6 +248,7 @@ async def soak(root: Path, scale: Scale) -> list[Report]:
             used_memory.append(used)
             rep.notes.update(
                 round=rnd,
+                worker_restarts=restarts,
                 used_memory=used,
                 dataset=dataset,
                 key_bytes=key_bytes,
@@ -259,6 +267,24 @@ async def soak(root: Path, scale: Scale) -> list[Report]:
     return reports
 
 
+async def _replace_two_workers(c: Cluster, rng: random.Random) -> int:
+    """At quiescence: one worker stopped with SIGTERM, one killed -9, two new ones (new ids)."""
+    stopped, killed = rng.sample(c.workers, 2)
+    killed.proc.kill9()
+    await asyncio.to_thread(stopped.proc.stop)
+    for w in (stopped, killed):
+        c.retire(w)
+    await c.wait_workers([c.spawn_worker("soak") for _ in range(2)])
+    return 2
+
+
+async def _max_consumers(r: Redis, streams: list[str]) -> int:
+    most = 0
+    for s in streams:
+        most = max(most, len(await r.xinfo_consumers(s, keys.CONSUMER_GROUP)))
+    return most
+
+
 async def _expect_bounded(r: Redis, rep: Report, workers: int, dlq_maxlen: int) -> None:
     rep.require_zero("keys without a TTL or a documented bound", await audit_keys(r))
     streams = keys.queue_streams("default")
@@ -267,9 +293,17 @@ async def _expect_bounded(r: Redis, rep: Report, workers: int, dlq_maxlen: int) 
         pipe.xlen(s)
     lengths = await pipe.execute()
     rep.require(sum(lengths) == 0, f"task streams hold {sum(lengths)} entries at quiescence")
-    consumers = 0
-    for s in streams:
-        consumers = max(consumers, len(await r.xinfo_consumers(s, keys.CONSUMER_GROUP)))
+
+    # A killed worker's consumers and membership go once the leader sees its heartbeat gone
+    # (its lock, if it led, expires in 10 s first): bounded means back to one per live worker.
+    async def bounded() -> bool:
+        return (
+            await _max_consumers(r, streams) <= workers and await r.scard(keys.WORKERS) <= workers
+        )
+
+    with contextlib.suppress(AssertionError):
+        await wait_until(bounded, 40, "consumers and workers back to one per live worker")
+    consumers = await _max_consumers(r, streams)
     rep.require(consumers <= workers, f"{consumers} consumers on one stream, {workers} workers")
     rep.require(await r.scard(keys.WORKERS) <= workers, "dtq:workers grew")
     recent, dead = await r.zcard(keys.RECENT), await r.xlen(keys.DEAD_LETTER)

@@ -35,20 +35,32 @@ def _first_terminal_after(rep: Report, after_ms: float) -> float:
     return (min(times) - after_ms) / 1000 if times else math.nan
 
 
+def _stamps(text: str, t0_ns: int, t1_ns: int) -> list[float]:
+    """The times (epoch s) of the log lines stamped between ``t0_ns`` and ``t1_ns`` (a stamp is
+    truncated to the millisecond)."""
+    out = []
+    for line in text.splitlines():
+        m = LOG_TS.match(line)
+        if not m:
+            continue
+        t = datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
+        if t0_ns / 1e9 - 0.001 <= t <= t1_ns / 1e9:
+            out.append(t)
+    return out
+
+
 def _lines_per_second(logs: list[str], t0_ns: int, t1_ns: int) -> int:
     """The most lines one process logged in one second between ``t0_ns`` and ``t1_ns``."""
     most = 0
     for text in logs:
-        per_second: Counter[int] = Counter()
-        for line in text.splitlines():
-            m = LOG_TS.match(line)
-            if not m:
-                continue
-            t = datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
-            if t0_ns / 1e9 <= t <= t1_ns / 1e9:
-                per_second[int(t)] += 1
+        per_second = Counter(int(t) for t in _stamps(text, t0_ns, t1_ns))
         most = max(most, max(per_second.values(), default=0))
     return most
+
+
+def _most_lines(logs: list[str], t0_ns: int, t1_ns: int) -> int:
+    """The most lines one process logged between ``t0_ns`` and ``t1_ns``."""
+    return max((len(_stamps(text, t0_ns, t1_ns)) for text in logs), default=0)
 
 
 class Answers:
@@ -102,9 +114,17 @@ async def redis_restart(root: Path, scale: Scale) -> list[Report]:
             seen |= set(rep.views) | set(load.accepted())
             promised = how == "shutdown" or fsync == "always"
             _judge_restart(rep, load, answers, t_down, t_up, promised=promised)
-            rep.notes["worker_lines_per_s"] = _lines_per_second(
-                [w.proc.output() for w in workers], t_down, t_up + int(3e9)
+            logs = [w.proc.output() for w in workers]
+            rep.notes["worker_lines_per_s"] = _lines_per_second(logs, t_down, t_up + int(3e9))
+            # Issue 9, scenario 4: a worker logs the first failure, then at most a line a
+            # second until Redis answers (docs/operations.md, "When Redis is unavailable").
+            outage_lines = _most_lines(logs, t_down, t_up)
+            limit = (t_up - t_down) / 1e9 + 2
+            rep.require(
+                outage_lines <= limit,
+                f"a worker logged {outage_lines} lines in a {(t_up - t_down) / 1e9:.1f}s outage",
             )
+            rep.notes["worker_outage_lines"] = outage_lines
             reports.append(rep)
             if not aof:
                 break

@@ -18,13 +18,14 @@ operation in Redis terms and which values are exact.
 from dtq.admin._common import CHUNK, SWEEP_BATCH, Audit
 from dtq.admin.dlq import dlq_discard, dlq_get, dlq_list, dlq_purge, dlq_requeue
 from dtq.admin.queues import purge_queue, set_paused
-from dtq.admin.tasks import cancel, expire, sweep_expired, task_keys
+from dtq.admin.tasks import Swept, cancel, expire, sweep_due, sweep_expired, task_keys
 from dtq.admin.views import all_queue_stats, audit_log, queue_stats, worker, workers
 
 __all__ = [
     "CHUNK",
     "SWEEP_BATCH",
     "Audit",
+    "Swept",
     "all_queue_stats",
     "audit_log",
     "cancel",
@@ -37,6 +38,7 @@ __all__ = [
     "purge_queue",
     "queue_stats",
     "set_paused",
+    "sweep_due",
     "sweep_expired",
     "task_keys",
     "worker",

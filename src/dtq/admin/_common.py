@@ -16,6 +16,7 @@ __all__ = [
     "SCAN_CHUNK",
     "STALE_HEARTBEATS",
     "SWEEP_BATCH",
+    "SWEEP_PER_CALL",
     "Audit",
     "StreamRows",
     "audit_args",
@@ -25,6 +26,7 @@ __all__ = [
 ]
 
 SWEEP_BATCH = 100  # tasks per expiry sweep batch
+SWEEP_PER_CALL = 25  # tasks per expire.lua call of a sweep batch
 CHUNK = 100  # tasks per script call of a purge, so no script runs long
 LIST_CAP = 10_000  # most entries a list view returns (the DLQ and audit streams hold ~10,000)
 SCAN_CHUNK = 1_000  # stream entries or zset members read per round trip while scanning

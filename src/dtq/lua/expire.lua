@@ -1,60 +1,98 @@
--- expire.lua: mark one not-started task EXPIRED (DESIGN 6): mark_expired and the sweep.
--- A retrying task passes RETRYING -> QUEUED -> EXPIRED here (the transition table is not
--- widened; the history shows both steps). Index cleanup: schedule, claim and expiry members
--- and the stream entry go (a delivered, not-started entry stays for its consumer to ACK).
+-- expire.lua: mark not-started tasks EXPIRED (DESIGN 6): one task for mark_expired, a batch of
+-- them for the scheduler's sweep (one call for several tasks: the call's overhead, the Redis
+-- clock and the ISO time are paid once per batch, not per task). A retrying task passes
+-- RETRYING -> QUEUED -> EXPIRED here (the transition table is not widened; the history shows
+-- both steps). Index cleanup: schedule, claim and expiry members and the stream entry go (a
+-- delivered, not-started entry stays for its consumer to ACK).
 --
--- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:retry:schedule
--- KEYS[4] = dtq:retry:claimed   KEYS[5] = dtq:expiry   KEYS[6] = dtq:stream:<queue>:p<N>
--- KEYS[7] = dtq:idempotency:<queue>:<key> (placeholder when none)   KEYS[8] = dtq:stream:audit
--- KEYS[9] = dtq:task:<id>:payload (its TTL kept with the hash's)
--- ARGV[1] task_id  [2] mode: "manual" (now, whatever expires_at says) | "sweep" (only if due)
--- ARGV[3] task retention s  [4] idempotency TTL s  [5] events channel  [6] event_id
--- ARGV[7] audit actor ("" = no audit entry, as for the sweep)  [8] audit request_id or ""
--- An audit entry (action "expire") is appended only when the task was marked expired.
--- Returns {"expired", from} | {"skip", why} | {"err", "NOT_FOUND"} | {"err", "STATUS", status}
-local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'queue', 'task_type', 'attempt',
-  'idempotency_key', 'expires_at_ms', 'expires_at')
-local status = h[1]
-local sweep = ARGV[2] == 'sweep'
-if not status then
-  if sweep then redis.call('ZREM', KEYS[5], ARGV[1]); return {'skip', 'gone'} end
-  return {'err', 'NOT_FOUND'}
-end
+-- The sweep does not read the tasks first: it gives each task's hash, history and payload
+-- keys only. A task that needs more keys (QUEUED: its stream entry goes; an idempotency key:
+-- its record says failed) is then left unchanged and named in the reply with what its keys
+-- are made of; the sweep calls again for it with all five keys. Delayed tasks, the usual
+-- burst, take one call.
+--
+-- KEYS[1] = dtq:retry:schedule   KEYS[2] = dtq:retry:claimed   KEYS[3] = dtq:expiry
+-- KEYS[4] = dtq:stream:audit
+-- then, per task in order, 3 or 5 keys (its ARGV says which): dtq:task:<id>,
+--   dtq:task:<id>:history, dtq:task:<id>:payload (its TTL kept with the hash's)
+--   [, dtq:stream:<queue>:p<N>, dtq:idempotency:<queue>:<key> (placeholder when none)]
+-- ARGV[1] mode: "manual" (now, whatever expires_at says) | "sweep" (only if due)
+-- ARGV[2] task retention s  [3] idempotency TTL s  [4] events channel
+-- ARGV[5] audit actor ("" = no audit entry, as for the sweep)  [6] audit request_id or ""
+-- then three values per task i, from ARGV[6 + 3 * (i - 1) + 1]: task_id, event_id, and how
+--   many keys it has (3 or 5)
+-- An audit entry (action "expire") is appended for each task marked expired.
+-- Returns one reply per task, in order: {"expired", from, queue, task_type} | {"skip", why}
+--   | {"keys", queue, priority, idempotency_key} (3 keys given, 5 needed: nothing changed)
+--   | {"err", "NOT_FOUND"} | {"err", "STATUS", status}
+local call = redis.call
+local sweep = ARGV[1] == 'sweep'
+local retention = tonumber(ARGV[2])
 local now = now_ms()
-if status ~= 'pending' and status ~= 'queued' and status ~= 'retrying' then
-  if sweep then redis.call('ZREM', KEYS[5], ARGV[1]); return {'skip', status} end
-  return {'err', 'STATUS', status}
-end
--- HMGET gives false for a missing field: tonumber(h[7] or '') is nil for "no deadline".
-local exp_ms = tonumber(h[7] or '')
-if sweep and exp_ms == nil then
-  redis.call('ZREM', KEYS[5], ARGV[1])
-  return {'skip', 'no_deadline'}
-end
-if sweep and exp_ms > now then
-  -- The deadline moved (a reschedule extended it): score the member with it again, so it is
-  -- not looked at every second and does not hold a place in every batch.
-  redis.call('ZADD', KEYS[5], exp_ms, ARGV[1])
-  return {'skip', 'not_due'}
-end
 local ts = iso(now)
-local retention = tonumber(ARGV[3])
 local reason = sweep and 'ttl' or 'mark_expired'
-local from = status
-if status == 'retrying' then
-  hist(KEYS[2], retention, ts, 'retrying', 'queued', h[5], nil, reason)
-  from = 'queued'
+-- History entries and events are built as strings: every value in them is a status, a
+-- validated queue or task type name, a hex id, a number or a timestamp (as in submit.lua).
+local hist_tail = ',"reason":"' .. reason .. '"'
+local expired_meta = '{"expired_at":"' .. ts .. '","reason":"' .. reason .. '"'
+local out = {}
+local k = 4  -- the keys before this task's
+for i = 1, (#ARGV - 6) / 3 do
+  local a = 6 + 3 * (i - 1)
+  local task_id, event_id, full = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '5'
+  local tkey, hkey, pkey, skey, ikey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], nil, nil
+  if full then skey, ikey = KEYS[k + 4], KEYS[k + 5]; k = k + 5 else k = k + 3 end
+  local h = call('HMGET', tkey, 'status', 'entry_id', 'queue', 'task_type', 'attempt',
+    'idempotency_key', 'expires_at_ms', 'expires_at', 'priority')
+  local status, queue, task_type = h[1], h[3] or '', h[4] or ''
+  local idem = h[6] or ''
+  -- HMGET gives false for a missing field: tonumber(h[7] or '') is nil for "no deadline".
+  local exp_ms = tonumber(h[7] or '')
+  if not status then
+    if sweep then call('ZREM', KEYS[3], task_id); out[i] = {'skip', 'gone'}
+    else out[i] = {'err', 'NOT_FOUND'} end
+  elseif status ~= 'pending' and status ~= 'queued' and status ~= 'retrying' then
+    if sweep then call('ZREM', KEYS[3], task_id); out[i] = {'skip', status}
+    else out[i] = {'err', 'STATUS', status} end
+  elseif sweep and exp_ms == nil then
+    call('ZREM', KEYS[3], task_id)
+    out[i] = {'skip', 'no_deadline'}
+  elseif sweep and exp_ms > now then
+    -- The deadline moved (a reschedule extended it): score the member with it again, so it is
+    -- not looked at every second and does not hold a place in every batch.
+    call('ZADD', KEYS[3], exp_ms, task_id)
+    out[i] = {'skip', 'not_due'}
+  elseif not full and (status == 'queued' or idem ~= '') then
+    out[i] = {'keys', queue, h[9] or '0', idem}
+  else
+    local attempt = tonumber(h[5]) or 0
+    local from = status == 'retrying' and 'queued' or status
+    local last = '{"ts":"' .. ts .. '","from":"' .. from .. '","to":"expired","attempt":' ..
+      attempt .. hist_tail .. ',"expired_at":"' .. ts .. '"}'
+    local len
+    if status == 'retrying' then
+      len = call('RPUSH', hkey, '{"ts":"' .. ts .. '","from":"retrying","to":"queued","attempt":'
+        .. attempt .. hist_tail .. '}', last)
+    else
+      len = call('RPUSH', hkey, last)
+    end
+    if len > 100 then call('LTRIM', hkey, -100, -1) end  -- the history's cap (DESIGN 7)
+    call('EXPIRE', hkey, retention)
+    call('HSET', tkey, 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
+    keep(tkey, pkey, retention)
+    call('ZREM', KEYS[1], task_id)
+    call('ZREM', KEYS[2], task_id)
+    call('ZREM', KEYS[3], task_id)
+    if status == 'queued' then drop_entry(skey, 'workers', h[2]) end
+    idem_state(ikey, idem, task_id, 'failed', ts, ARGV[3])
+    local meta = expired_meta
+    if h[8] and h[8] ~= '' then meta = meta .. ',"expires_at":"' .. h[8] .. '"' end
+    call('PUBLISH', ARGV[4], '{"event_id":"' .. event_id .. '","ts":"' .. ts ..
+      '","type":"TASK_EXPIRED","task_id":"' .. task_id .. '","queue":"' .. queue ..
+      '","task_type":"' .. task_type .. '","attempt":' .. attempt .. ',"worker_id":null,"metadata":'
+      .. meta .. '}}')
+    audit(KEYS[4], ARGV[5], ARGV[6], 'expire', task_id, queue, ts)
+    out[i] = {'expired', status, queue, task_type}
+  end
 end
-redis.call('HSET', KEYS[1], 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
-keep(KEYS[1], KEYS[9], retention)
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[5], ARGV[1])
-if status == 'queued' then drop_entry(KEYS[6], 'workers', h[2]) end
-idem_state(KEYS[7], h[6], ARGV[1], 'failed', ts, ARGV[4])
-hist(KEYS[2], retention, ts, from, 'expired', h[5], nil, reason, {expired_at = ts})
-local meta = {expired_at = ts, reason = reason}
-if h[8] and h[8] ~= '' then meta.expires_at = h[8] end
-emit(ARGV[5], ARGV[6], ts, 'TASK_EXPIRED', ARGV[1], h[3], h[4], h[5], nil, meta)
-audit(KEYS[8], ARGV[7], ARGV[8], 'expire', ARGV[1], h[3], ts)
-return {'expired', status}
+return out

@@ -25,14 +25,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from dtq.config import Settings
 from dtq.models import compact_json
 from dtq.retry import PayloadDecodeError, classify, next_retry_delay_s, sanitize
 from dtq.scripts import Call
 from dtq.store import Store, ms_to_dt
+from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq.worker.protocol import Entry, Outcome, StartReply
 from dtq_tasks import Handler, RescheduleError, TaskContext
 
@@ -40,8 +38,8 @@ __all__ = ["Execution", "Finisher", "LeaseLostError", "ThreadRunner", "run_handl
 
 log = logging.getLogger(__name__)
 
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
 FINISH_BATCH_MAX = 512
+IDS_LOGGED = 20  # task ids named in the line of a batch whose finish was not recorded
 
 
 class LeaseLostError(Exception):
@@ -312,12 +310,17 @@ class Finisher:
 
     A connection failure is retried with backoff for up to ``retry_budget_s`` (the scripts are
     fenced and atomic, so a repeat cannot apply twice); after that each call's future gets the
-    error, and the entry stays pending for the reaper of some worker.
+    error, and the entry stays pending for the reaper of some worker. The failures go to the
+    process's :class:`~dtq.worker.outage.RedisOutage`; a batch given up is one line, with its
+    task ids.
     """
 
-    def __init__(self, store: Store, retry_budget_s: float) -> None:
+    def __init__(
+        self, store: Store, retry_budget_s: float, outage: RedisOutage | None = None
+    ) -> None:
         self._store = store
         self._retry_budget_s = retry_budget_s
+        self._outage = outage or RedisOutage()
         self._items: list[tuple[Call, asyncio.Future[Any]]] = []
         self._wake = asyncio.Event()
         self._closing = False
@@ -354,20 +357,33 @@ class Finisher:
                     fut.set_result(reply)
 
     async def _send(self, calls: Sequence[Call]) -> list[Any]:
-        deadline = time.monotonic() + self._retry_budget_s
+        started = time.monotonic()
+        deadline = started + self._retry_budget_s
         delay_s = 0.05
         while True:
             try:
-                return await self._store.scripts.call_many(self._store.redis, calls)
+                replies = await self._store.scripts.call_many(self._store.redis, calls)
             except TRANSIENT as exc:
+                self._outage.failed("finish", exc)
                 if time.monotonic() + delay_s > deadline:
+                    ids = [str(args[0]) for _, _, args in calls[:IDS_LOGGED]]
+                    more = len(calls) - len(ids)
                     log.error(
-                        "finish of %d task(s) not recorded, Redis unavailable: %s", len(calls), exc
+                        "finish of %d task(s) not recorded, Redis unavailable for %.1fs (%s): "
+                        "their entries stay pending and are redelivered after the visibility "
+                        "timeout: %s%s",
+                        len(calls),
+                        time.monotonic() - started,
+                        exc,
+                        ", ".join(ids),
+                        f" and {more} more" if more > 0 else "",
                     )
                     return [exc] * len(calls)
-                log.warning("finish: Redis unavailable, retrying in %.2fs: %s", delay_s, exc)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 2.0)
             except Exception as exc:  # a bug: every caller gets it, the loop goes on
                 log.exception("finish pipeline failed")
                 return [exc] * len(calls)
+            else:
+                self._outage.ok("finish")
+                return replies

@@ -10,7 +10,10 @@ Every ``DTQ_HEARTBEAT_INTERVAL_S`` (with jitter) the thread:
 
 It uses its own synchronous connection, so an async handler that hogs the event loop cannot
 starve the lease: the failure mode of dramatiq#692 and taskiq-redis#101. If it cannot renew for
-most of the visibility timeout, it logs that the in-flight tasks are at risk of redelivery.
+most of the visibility timeout while tasks are in flight, it logs that they are at risk of
+redelivery. Redis unavailable: the failure goes to the worker's
+:class:`~dtq.worker.outage.RedisOutage` (shared with the event loop's loops, rate-limited); any
+other Redis error is logged with its trace.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dtq.config import Settings
 from dtq.events import make_event
 from dtq.models import format_ts
 from dtq.scripts import Scripts
+from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq.worker.protocol import touch_args
 
 __all__ = ["Heartbeat"]
@@ -59,6 +63,7 @@ class Heartbeat:
         snapshot: Callable[[], list[tuple[str, str]]],
         stats: Callable[[], dict[str, Any]],
         on_lost: Callable[[list[str]], None],
+        outage: RedisOutage | None = None,
     ) -> None:
         self.settings = settings
         self.scripts = scripts
@@ -69,6 +74,7 @@ class Heartbeat:
         self._snapshot = snapshot
         self._stats = stats
         self._on_lost = on_lost
+        self._outage = outage or RedisOutage()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -149,10 +155,15 @@ class Heartbeat:
             self._touch()
             self._write_hash()
             self._sync_clock()
-        except (RedisError, OSError) as exc:
-            log.warning("worker %s: heartbeat failed: %s", self.worker_id, exc)
+        except TRANSIENT as exc:
+            self._outage.failed("heartbeat", exc)
             self._check_at_risk()
             return
+        except RedisError:  # not an outage: a refused command or a script error
+            log.exception("worker %s: heartbeat failed", self.worker_id)
+            self._check_at_risk()
+            return
+        self._outage.ok("heartbeat")
         self.beats += 1
         self._last_ok = time.monotonic()
         self._at_risk_logged = False
@@ -214,14 +225,18 @@ class Heartbeat:
     def _check_at_risk(self) -> None:
         silent_s = time.monotonic() - self._last_ok
         limit_s = AT_RISK_FRACTION * self.settings.visibility_timeout_s
-        if silent_s >= limit_s and not self._at_risk_logged:
+        if silent_s < limit_s or self._at_risk_logged:
+            return
+        in_flight = len(self._snapshot())
+        if in_flight:
             self._at_risk_logged = True
             log.error(
-                "worker %s: no heartbeat for %.1fs (visibility timeout %.1fs): in-flight tasks "
-                "are at risk of being redelivered to another worker",
+                "worker %s: no heartbeat for %.1fs (visibility timeout %.1fs): %d in-flight "
+                "task(s) at risk of being redelivered to another worker",
                 self.worker_id,
                 silent_s,
                 self.settings.visibility_timeout_s,
+                in_flight,
             )
 
     def _event(self, etype: str) -> str:

@@ -111,7 +111,11 @@ class MetricsObserver(WorkerObserver):
             self.metrics.retry_scheduled(entry.queue, entry.task_type, outcome.delay_ms / 1000)
 
     async def scheduler_ticked(self, result: TickResult, redis: Redis) -> None:
-        labels = await task_labels(redis, [*result.retried, *result.expired])
+        # The sweep's replies carry their labels: read only the others (issue 8: reading the
+        # labels of thousands of expired tasks held the event loop during an expiry sweep).
+        known = result.labels
+        unknown = [tid for tid in (*result.retried, *result.expired) if tid not in known]
+        labels = {**known, **await task_labels(redis, unknown)}
         for tid in result.retried:
             if tid in labels:
                 self.metrics.task_retried(*labels[tid])

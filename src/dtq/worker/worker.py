@@ -10,12 +10,17 @@ Loops, each cancellable and jittered:
   (:class:`~dtq.worker.scheduler.Scheduler`, leader only);
 - **heartbeat** on its own thread (:mod:`dtq.worker.heartbeat`).
 
+A loop that loses Redis tells the process's one :class:`~dtq.worker.outage.RedisOutage` (the
+first failure logged at once, then at most a line a second, then one line when Redis answers)
+and starts again once Redis answers a PING; a bug is logged with its trace and the loop started
+again.
+
 Start scripts of one read go to Redis in one pipeline; each started entry runs as its own
 asyncio task (:func:`~dtq.worker.executor.run_handler`) and its finish script joins the
 finisher's next pipeline. Shutdown (:meth:`Worker.stop`): stop intake and the scheduler, wait
 up to ``DTQ_DRAIN_TIMEOUT_S`` for in-flight work, stop what is left *without* acknowledging it
-(a peer reclaims it), flush finishes, heartbeat to the end, then status stopped and
-WORKER_STOPPED.
+(a peer reclaims it), flush finishes, delete its consumers that hold no entry
+(:mod:`dtq.worker.consumers`), heartbeat to the end, then status stopped and WORKER_STOPPED.
 """
 
 from __future__ import annotations
@@ -29,9 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dtq import keys
 from dtq.clock import RedisClock
@@ -40,9 +43,11 @@ from dtq.log import bind as bind_log_fields
 from dtq.scripts import Call, OpHook, Scripts
 from dtq.store import Store
 from dtq.worker.connection import worker_redis
+from dtq.worker.consumers import drop_own
 from dtq.worker.executor import Execution, Finisher, ThreadRunner, run_handler
 from dtq.worker.heartbeat import Heartbeat
 from dtq.worker.intake import BLOCK_MS, READ_BATCH, Capacity, Intake
+from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq.worker.protocol import Entry, Outcome, StartReply, finish_call, start_call, touch_args
 from dtq.worker.scheduler import Scheduler, TickResult
 from dtq_tasks import Handler, registry
@@ -54,7 +59,8 @@ log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.25
 JITTER = 0.2
 POLL_LOOPS = 2
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+PROBE_S = 1.0  # a loop that lost Redis pings it this often before it starts again
+LEAVE_TIMEOUT_S = 5.0
 
 
 def new_worker_id() -> str:
@@ -79,7 +85,8 @@ class WorkerObserver:
         """finish.lua recorded ``status`` (or ``fenced``); ``outcome`` is how the run ended."""
 
     async def scheduler_ticked(self, result: TickResult, redis: Redis) -> None:
-        """This worker's scheduler (the leader) retried or expired tasks in one tick."""
+        """This worker's scheduler (the leader) retried or expired tasks: one call per batch
+        (of at most 100) of a tick, with that batch's part of the tick's result."""
 
 
 class Worker:
@@ -120,7 +127,11 @@ class Worker:
         self._executions: set[asyncio.Task[None]] = set()
         self._rng = random.Random()
         self._threads: ThreadRunner | None = None
-        self._finisher = Finisher(self.store, retry_budget_s=settings.visibility_timeout_s / 2)
+        # One reporter for every loop of the process, the heartbeat thread's too (outage.py).
+        self.outage = RedisOutage()
+        self._finisher = Finisher(
+            self.store, retry_budget_s=settings.visibility_timeout_s / 2, outage=self.outage
+        )
         self._heartbeat: Heartbeat | None = None
         self.intake = Intake(
             self.store,
@@ -166,6 +177,7 @@ class Worker:
                 snapshot=self._snapshot,
                 stats=self._stats,
                 on_lost=lambda ids: self._lost_from_thread(loop, ids),
+                outage=self.outage,
             )
             await asyncio.to_thread(self._heartbeat.start)
         except BaseException:
@@ -177,6 +189,7 @@ class Worker:
             await asyncio.to_thread(self._heartbeat.stop)
             self._threads.shutdown()
             await self.redis.aclose()
+            self.outage.flush()
             log.info(
                 "worker %s stopped (%d processed, %d failed, %d retried)",
                 self.worker_id,
@@ -190,7 +203,11 @@ class Worker:
         finisher = asyncio.create_task(self._finisher.run(), name="finisher")
         scheduler = asyncio.create_task(
             Scheduler(
-                self.store, self.settings, self.worker_id, on_tick=self._scheduler_ticked
+                self.store,
+                self.settings,
+                self.worker_id,
+                on_tick=self._scheduler_ticked,
+                outage=self.outage,
             ).run(self._scheduler_stop),
             name="scheduler",
         )
@@ -225,6 +242,7 @@ class Worker:
             for t in (finisher, scheduler, watcher):
                 t.cancel()
             await asyncio.gather(finisher, scheduler, watcher, *intake, return_exceptions=True)
+            await self._leave_groups()
 
     # -- start and stop -------------------------------------------------------------------------
 
@@ -283,8 +301,36 @@ class Worker:
         if self._executions:
             await asyncio.wait(set(self._executions), timeout=5)
 
+    async def _leave_groups(self) -> None:
+        """Delete this worker's consumers that hold no entry (consumers.py); one that holds an
+        entry left by the drain stays until a peer has claimed it and the leader removes it."""
+        try:
+            async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                kept = await drop_own(self.store, self.worker_id, self.queues)
+        except (*TRANSIENT, TimeoutError) as exc:
+            log.warning(
+                "worker %s: consumers not removed (Redis unavailable: %s); the scheduler leader "
+                "removes them once this worker's heartbeat has expired",
+                self.worker_id,
+                exc,
+            )
+            return
+        except Exception:
+            log.exception("worker %s: consumers not removed", self.worker_id)
+            return
+        if kept:
+            log.info(
+                "worker %s: consumer kept on %s: it holds entries that a peer claims after the "
+                "visibility timeout",
+                self.worker_id,
+                ", ".join(kept),
+            )
+
     async def _supervise(self, name: str, body: Any) -> None:
-        """Run one loop; a bug is logged with its trace and the loop started again."""
+        """Run one loop. Redis unavailable: reported (rate-limited, :mod:`dtq.worker.outage`),
+        then the loop starts again once Redis answers a PING. A bug is logged with its trace
+        and the loop started again a second later."""
+        what = f"{name} loop"
         while not self._stopping.is_set():
             try:
                 await body()
@@ -292,10 +338,28 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except TRANSIENT as exc:
-                log.warning("%s loop: Redis unavailable: %s", name, exc)
+                self.outage.failed(what, exc)
+                await self._until_redis_answers(what)
             except Exception:
-                log.exception("%s loop failed; restarting it", name)
-            await self._sleep(1.0)
+                log.exception("%s failed; restarting it", what)
+                await self._sleep(1.0)
+
+    async def _until_redis_answers(self, what: str) -> None:
+        """Ping Redis every ``PROBE_S`` (jittered) until it answers or the worker stops."""
+        while True:
+            await self._sleep(PROBE_S)
+            if self._stopping.is_set():
+                return
+            try:
+                await self.redis.ping()
+            except TRANSIENT as exc:
+                self.outage.failed(what, exc)
+                continue
+            self.outage.ok(what)
+            # Idle pooled connections that predate the outage may be dead (Redis restarted):
+            # closed now, they reconnect when next used instead of failing a loop once more.
+            await self.redis.connection_pool.disconnect(inuse_connections=False)
+            return
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep with jitter, returning early when the worker stops."""
@@ -464,7 +528,10 @@ class Worker:
     def _finished(self, ex: Execution, kind: str, reply: Any) -> str:
         entry = ex.entry
         if isinstance(reply, Exception):
-            log.error(
+            # Redis unavailable: the finisher logged the batch (with this task's id) once.
+            level = logging.DEBUG if isinstance(reply, TRANSIENT) else logging.ERROR
+            log.log(
+                level,
                 "finish of task %s attempt %d failed: %s: the entry stays pending",
                 entry.task_id,
                 ex.attempt,

@@ -1,0 +1,146 @@
+"""Consumers of the ``workers`` group that nobody needs any more are deleted (issue 9, scenario 7).
+
+Every worker id that reads a stream (``XREADGROUP``, ``XAUTOCLAIM``) becomes a consumer of that
+stream's group, and Redis never removes one by itself: a deployment that restarts workers often
+would pile them up. A consumer is deleted only by ``drop_consumers.lua``, which checks in the
+same atomic step that it holds no pending entry (``XGROUP DELCONSUMER`` would destroy those
+entries and lose their tasks). Who deletes:
+
+- a worker at graceful stop, its own consumers on the streams of its queues
+  (:func:`drop_own`); where the drain left an entry unacknowledged, that consumer stays;
+- the scheduler leader, every stale-worker check (:func:`drop_dead`): the consumers of workers
+  that are not alive (no ``dtq:worker:<id>`` hash, or its heartbeat older than three
+  intervals) that hold no pending entry and have been idle for at least the visibility
+  timeout, on the streams of the queues in ``dtq:queues`` and of the queues live workers
+  serve. A dead worker's pending entries are claimed by its peers' reapers after the visibility
+  timeout; its consumer goes at the first check after that.
+
+A live worker whose idle consumer was deleted (its heartbeat was late, say) is not harmed: its
+next read creates the consumer again, and an entry it holds keeps its consumer alive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any, cast
+
+from dtq import keys
+from dtq.scripts import Call
+from dtq.store import Store
+
+__all__ = ["drop_call", "drop_dead", "drop_own", "worker_alive"]
+
+
+def drop_call(stream: str, consumers: Sequence[str], min_idle_ms: int = 0) -> Call:
+    """The ``drop_consumers.lua`` call deleting those of ``consumers`` that hold nothing."""
+    return ("drop_consumers", [stream], [keys.CONSUMER_GROUP, min_idle_ms, *consumers])
+
+
+async def drop_own(store: Store, worker_id: str, queues: Sequence[str]) -> list[str]:
+    """Delete this worker's consumers on every stream of ``queues`` where it holds no entry;
+    returns the streams where it still holds one (and its consumer stays)."""
+    streams = [s for q in queues for s in keys.queue_streams(q)]
+    replies = await store.scripts.call_many(
+        store.redis, [drop_call(s, [worker_id]) for s in streams]
+    )
+    kept = []
+    for stream, reply in zip(streams, replies, strict=True):
+        if isinstance(reply, Exception):
+            raise reply
+        if not reply and await _holds_entries(store, stream, worker_id):
+            kept.append(stream)
+    return kept
+
+
+async def _holds_entries(store: Store, stream: str, consumer: str) -> bool:
+    rows = await store.redis.xpending_range(
+        stream, keys.CONSUMER_GROUP, "-", "+", 1, consumername=consumer
+    )
+    return bool(rows)
+
+
+def worker_alive(exists: int, last_heartbeat_ms: str | None, now_ms: int, limit_ms: int) -> bool:
+    """The contract's liveness rule: a hash whose heartbeat is at most ``limit_ms`` old (a hash
+    without one yet is a worker starting)."""
+    if not exists:
+        return False
+    if not last_heartbeat_ms:
+        return True
+    try:
+        return now_ms - int(float(last_heartbeat_ms)) <= limit_ms
+    except ValueError:
+        return True
+
+
+async def drop_dead(
+    store: Store, now_ms: int, stale_ms: int, min_idle_ms: int
+) -> list[tuple[str, str]]:
+    """Delete, on every stream of the known queues, the consumers of workers not alive that
+    hold no pending entry and are idle for ``min_idle_ms``; returns (stream, consumer) pairs."""
+    redis = store.redis
+    pipe = redis.pipeline(transaction=False)
+    pipe.smembers(keys.QUEUES)
+    pipe.smembers(keys.WORKERS)
+    queue_set, worker_set = await pipe.execute()
+    queues = set(cast(set[str], queue_set))
+    workers = sorted(cast(set[str], worker_set))
+    if workers:
+        pipe = redis.pipeline(transaction=False)
+        for wid in workers:
+            pipe.hget(keys.worker(wid), "queues")
+        for served in await pipe.execute():
+            queues.update(q for q in (served or "").split(",") if q)
+    streams = [s for q in sorted(queues) for s in keys.queue_streams(q)]
+    if not streams:
+        return []
+    idle = await _idle_consumers(store, streams, min_idle_ms)
+    names = sorted({c for consumers in idle.values() for c in consumers})
+    if not names:
+        return []
+    dead = await _not_alive(store, names, now_ms, stale_ms)
+    calls = [
+        drop_call(stream, [c for c in consumers if c in dead], min_idle_ms)
+        for stream, consumers in idle.items()
+        if any(c in dead for c in consumers)
+    ]
+    dropped: list[tuple[str, str]] = []
+    for call, reply in zip(calls, await store.scripts.call_many(redis, calls), strict=True):
+        if isinstance(reply, Exception):
+            raise reply
+        dropped.extend((call[1][0], str(c)) for c in reply)
+    return dropped
+
+
+async def _idle_consumers(
+    store: Store, streams: Sequence[str], min_idle_ms: int
+) -> dict[str, list[str]]:
+    """stream -> its consumers that hold no entry and are idle for ``min_idle_ms`` (as seen
+    now; the script checks again when it deletes)."""
+    pipe = store.redis.pipeline(transaction=False)
+    for stream in streams:
+        pipe.xinfo_consumers(stream, keys.CONSUMER_GROUP)
+    out: dict[str, list[str]] = {}
+    for stream, rows in zip(streams, await pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(rows, Exception):
+            continue  # no such stream or group: no consumer
+        names = [
+            str(row["name"])
+            for row in cast(list[dict[str, Any]], rows)
+            if int(row["pending"]) == 0 and int(row["idle"]) >= min_idle_ms
+        ]
+        if names:
+            out[stream] = names
+    return out
+
+
+async def _not_alive(store: Store, names: Collection[str], now_ms: int, stale_ms: int) -> set[str]:
+    pipe = store.redis.pipeline(transaction=False)
+    for name in names:
+        pipe.exists(keys.worker(name))
+        pipe.hget(keys.worker(name), "last_heartbeat_ms")
+    flat = await pipe.execute()
+    return {
+        name
+        for name, exists, beat in zip(names, flat[::2], flat[1::2], strict=True)
+        if not worker_alive(int(exists), beat, now_ms, stale_ms)
+    }
