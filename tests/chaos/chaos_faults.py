@@ -369,15 +369,14 @@ async def poison(
         if len(v.execs) > attempt:
             rep.violations.append(f"{kind} {tid}: {len(v.execs)} runs in {attempt} attempts")
     errors = Counter(str(rep.views[t].hash.get("error_class")) for t in pill_ids)
-    # The other tasks' throughput: those that never ran on a process a pill killed. A task in
-    # flight beside a pill when it killed its process waits for the reaper (the visibility
+    # The other tasks' throughput: those not redelivered after a pill killed their process. A
+    # task in flight beside a pill when it killed its process waits for the reaper (the visibility
     # timeout: scenario 2's recovery), and the chain of a late pill's three attempts makes a
     # tail of such tasks after everything else has finished; they are counted apart, with
     # how long after the run's other tasks the last of them ended.
-    dead_pids = {w.pid for w in deaths}
     normal = [v for tid, v in rep.views.items() if tid not in pill_ids and v.terminal_ms]
-    stranded = [v for v in normal if any(e.pid in dead_pids for e in v.execs)]
-    others = [v for v in normal if not any(e.pid in dead_pids for e in v.execs)]
+    stranded = [v for v in normal if any(h.get("reason") == "redelivered" for h in v.history)]
+    others = [v for v in normal if v not in stranded]
     first = min(r.invoked_ns for r in load.records) / 1e6
     last = max((v.terminal_ms or 0 for v in others), default=0.0)
     rep.throughput = len(others) * 1000 / (last - first) if last > first else float("nan")
