@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from test_worker_support import REPO, write_task_module
 
 from dtq.devserver import free_port
-from dtq.worker.supervisor import child_command, child_env
+from dtq.worker.supervisor import child_settings, child_worker_id
 
 
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -72,21 +73,18 @@ def test_current_directory_is_on_sys_path_for_task_modules(tmp_path: Path) -> No
     assert out.returncode == 1 and "cannot import" not in out.stderr
 
 
-def test_supervisor_child_command_and_environment(settings_env: None) -> None:
+def test_supervisor_child_settings(settings_env: None) -> None:
     from dtq.config import Settings
 
     s = Settings(worker_id="w-main", visibility_timeout_s=7, dlq_enabled=False)
-    cmd = child_command(["a", "b"], 3, ["m1", "m2"])
-    assert cmd[1:] == [
-        "-m", "dtq.worker", "--queue", "a", "--queue", "b", "--concurrency", "3",
-        "--tasks", "m1", "--tasks", "m2",
-    ]  # fmt: skip
-    env = child_env(s, 2)
-    assert env["DTQ_WORKER_ID"] == "w-main-2"
-    assert env["DTQ_VISIBILITY_TIMEOUT_S"] == "7.0" and env["DTQ_DLQ_ENABLED"] == "false"
-    assert Settings(**{}).model_copy().visibility_timeout_s == 30  # the parent is untouched
-    no_id = child_env(Settings(), 0)
-    assert "DTQ_WORKER_ID" not in no_id
+    assert child_worker_id(s, 2) == "w-main-2"
+    child = child_settings(s, 2, child_worker_id(s, 2))
+    assert child.worker_id == "w-main-2" and child.visibility_timeout_s == 7
+    assert child.dlq_enabled is False and s.worker_id == "w-main"  # the parent is untouched
+    metered = child_settings(Settings(worker_metrics_port=9100), 3, "worker-00000003")
+    assert metered.worker_metrics_port == 9103
+    auto = {child_worker_id(Settings(), 0) for _ in range(3)}
+    assert len(auto) == 3 and all(re.fullmatch(r"worker-[0-9a-f]{8}", a) for a in auto)
 
 
 @pytest.fixture

@@ -136,6 +136,40 @@ async def test_handler_killing_its_process_ends_worker_lost_without_loop(
         assert not _alive(pid), pid
 
 
+async def test_a_dead_childs_entries_go_to_its_replacement_at_once(
+    spawn: Callable[..., WorkerProcess], r: Redis, queue: Queue
+) -> None:
+    """--processes: the child that replaces one that died takes over its entries as it
+    starts. The visibility timeout is 300 s here, so the reaper is not what recovers them."""
+    sup = spawn(None, "--processes", "2", "--concurrency", "2", VISIBILITY_TIMEOUT_S=300)
+
+    async def ready_ids() -> set[str]:
+        ids = await r.smembers(keys.WORKERS)
+        return {i for i in ids if await r.hget(keys.worker(i), "status") in {"ready", "busy"}}
+
+    await wait_until(lambda: _at_least(ready_ids, 2), 20, "two supervised workers")
+    task = await queue.submit("sp_sleep", {"by_attempt": [60, 0.1]}, max_attempts=3)
+    await wait_until(lambda: _has_call(r, task.task_id, "start:1:"), 10, "attempt 1 runs")
+    [first] = [c.split(":")[2] for c in await calls(r, task.task_id)]
+    victim = int(await r.hget(keys.worker(first), "pid") or 0)
+    os.kill(victim, signal.SIGKILL)
+    h = await wait_status(r, task.task_id, "succeeded", timeout_s=30)
+    assert h["attempt"] == "2" and h["worker_id"] != first
+    reasons = [x.reason for x in await queue.history(task.task_id) if x.to_status == "running"]
+    assert reasons == ["started", "redelivered"]
+    assert f"taking over 1 entry of {first}" in sup.output()
+    assert sup.process.poll() is None  # the supervisor lives on, with two children again
+    await wait_until(lambda: _at_least(ready_ids, 2), 20, "the slot filled again")
+
+
+async def _at_least(found: Callable[[], Any], n: int) -> bool:
+    return len(await found()) >= n
+
+
+async def _has_call(r: Redis, task_id: str, prefix: str) -> bool:
+    return any(c.startswith(prefix) for c in await calls(r, task_id))
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

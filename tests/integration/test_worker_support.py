@@ -290,7 +290,13 @@ class WorkerProcess:
         full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "src")])
         if worker_id:
             full_env["DTQ_WORKER_ID"] = worker_id
-        full_env.update({k: str(v) for k, v in (env or {}).items()})
+        # settings by name (DRAIN_TIMEOUT_S=0.3 is DTQ_DRAIN_TIMEOUT_S), other variables as given
+        full_env.update(
+            {
+                (k if k.startswith("DTQ_") or not k.isupper() else f"DTQ_{k}"): str(v)
+                for k, v in (env or {}).items()
+            }
+        )
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "dtq.worker", "--tasks", tasks, *args],

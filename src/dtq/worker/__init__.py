@@ -92,31 +92,45 @@ def run_worker(
     except ConfigError as exc:
         print(f"dtq worker: {exc.message}", file=sys.stderr)
         return 2
-    if processes > 1:
-        return supervise(
-            settings,
-            queues=served,
-            concurrency=concurrency,
-            task_modules=modules,
-            processes=processes,
-        )
     # What start-up made (modules, handler models, metric families) lives as long as the
     # process: out of the collector's sight, so a full collection scans only what serving
-    # makes (otherwise 20-30 ms pauses of the event loop, a tail of the start latency).
+    # makes (otherwise 20-30 ms pauses of the event loop, a tail of the start latency). Before
+    # a fork too: the children share those pages instead of each touching its own copy.
     gc.freeze()
+    if processes > 1:
+
+        def child_main(child: Settings, ready_fd: int, adopt: Sequence[str]) -> int:
+            return _run_one(child, served, concurrency, handlers, ready_fd=ready_fd, adopt=adopt)
+
+        return supervise(settings, processes=processes, child_main=child_main)
+    return _run_one(settings, served, concurrency, handlers)
+
+
+def _run_one(
+    settings: Settings,
+    queues: Sequence[str],
+    concurrency: int | None,
+    handlers: Mapping[str, Handler],
+    *,
+    ready_fd: int | None = None,
+    adopt: Sequence[str] = (),
+) -> int:
+    """One worker in this process until SIGTERM/SIGINT; ``ready_fd`` (a supervised child) gets
+    one byte once its loops run; ``adopt``: dead predecessors whose entries it takes over."""
     telemetry = WorkerTelemetry(handlers)
     worker = Worker(
         settings,
-        queues=served,
+        queues=queues,
         concurrency=concurrency,
         handlers=handlers,
         on_redis_op=telemetry.metrics.script_call,
+        adopt=adopt,
     )
     telemetry.attach(worker)
     set_process_fields(worker_id=worker.worker_id)
     telemetry.serve(settings.worker_metrics_host, settings.worker_metrics_port)
     try:
-        asyncio.run(_serve(worker))
+        asyncio.run(_serve(worker, ready_fd))
     except (RedisError, OSError) as exc:
         print(
             f"dtq worker: Redis at {_safe_url(settings.redis_url)} failed: {exc}", file=sys.stderr
@@ -129,15 +143,27 @@ def run_worker(
     return 0
 
 
-async def _serve(worker: Worker) -> None:
+async def _serve(worker: Worker, ready_fd: int | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
+    tell = None if ready_fd is None else asyncio.create_task(_tell_ready(worker, ready_fd))
     try:
         await worker.run()
     finally:
+        if tell is not None:
+            tell.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+async def _tell_ready(worker: Worker, fd: int) -> None:
+    """One byte to the supervisor once the worker's loops run (after any take-over)."""
+    try:
+        await worker.started.wait()
+        os.write(fd, b"1")
+    finally:
+        os.close(fd)
 
 
 def _safe_url(url: str) -> str:

@@ -12,6 +12,10 @@
   priority added after the read (a wake-up costs that reply and one pipeline of start
   scripts); with fewer slots than streams it blocks in ``XREAD BLOCK 500``, which consumes
   nothing, and reads with ``read.lua`` when woken.
+- **adopt**: once, at the start of a worker that replaces a ``--processes`` child that exited,
+  the dead child's pending entries are claimed (``XPENDING`` for that consumer, ``XCLAIM``)
+  and started at once, within free slots: its supervisor reaped it, so nothing can still be
+  running them, and they need not wait out the visibility timeout.
 - **reaper**: every ``DTQ_REAPER_INTERVAL_S``, one pipeline of ``XPENDING ... IDLE`` finds the
   entries idle past the visibility timeout (a dead or stalled worker's), then ``XAUTOCLAIM``
   p9 -> p0 with that min-idle, following the cursor to ``0-0``. It claims only slots it holds,
@@ -282,6 +286,54 @@ class Intake:
                     )
                 if cursor == "0-0" or (idle is not None and seen >= idle):
                     break
+        return started
+
+    async def adopt(self, consumers: Sequence[str]) -> int:
+        """Claim and start the entries pending for ``consumers``, worker ids known to be dead
+        (a ``--processes`` child its supervisor saw exit and reaped, which this worker replaces),
+        at once instead of after the visibility timeout: nothing can still be running them.
+        Each is a crash redelivery for start.lua (attempt + 1). Only free slots are used; what
+        does not fit is left to the reaper. Returns how many were started."""
+        started = 0
+        for stream in self.active_streams():
+            for consumer in consumers:
+                try:
+                    rows = await self.redis.xpending_range(
+                        stream, keys.CONSUMER_GROUP, "-", "+", READ_BATCH, consumername=consumer
+                    )
+                except ResponseError as exc:
+                    if "NOGROUP" not in str(exc):
+                        raise
+                    continue  # no group: nothing was delivered from this stream
+                n = self.capacity.take(len(rows))
+                if n == 0:
+                    continue
+                ids: list[str | bytes | int | memoryview[int]] = [
+                    str(row["message_id"]) for row in rows[:n]
+                ]
+                try:
+                    items = await self.redis.xclaim(
+                        stream, keys.CONSUMER_GROUP, self.worker_id, 0, ids
+                    )
+                except BaseException:
+                    self.capacity.release(n)
+                    raise
+                entries, bad, nil = _claimed(stream, items)
+                self.capacity.release(n - len(entries))
+                started += len(entries)
+                if entries:
+                    log.warning(
+                        "taking over %d entr%s of %s on %s: its process exited",
+                        len(entries),
+                        "y" if len(entries) == 1 else "ies",
+                        consumer,
+                        stream,
+                    )
+                    await asyncio.shield(self._start(entries))
+                if bad:
+                    await self._drop_unusable(bad)
+                if nil:
+                    await self._resolve_deleted(stream)
         return started
 
     async def _idle_entries(self, min_idle_ms: int) -> list[tuple[str, int | None]]:

@@ -1,14 +1,30 @@
 """``--processes N``: N worker processes under one supervisor (issue 3, item 6).
 
 Sync handlers share one GIL per process; CPU-bound task types (``fibonacci_task``) use every
-core only with several processes. The supervisor starts N children (``python -m dtq.worker``
-with the same queues, concurrency and task modules, and the supervisor's settings in their
-environment), each with its own worker id. A child that dies is started again, with a growing
-delay while it keeps dying young, so a handler that kills its process cannot make a hot loop
-(its task itself ends DEAD_LETTERED with WorkerLost after max_attempts). SIGTERM or SIGINT is
-passed on to every child, which drains; a child still alive after the drain timeout (plus a
-margin) is killed. Children run in their own session so a terminal's Ctrl-C reaches them only
-once, through the supervisor.
+core only with several processes. The supervisor has imported the task modules already; it
+forks N children, each running a :class:`~dtq.worker.Worker` with a worker id of its own
+(``DTQ_WORKER_ID-<slot>`` when that is set, else a new ``worker-<8 hex>`` at each start) and,
+when the metrics endpoint is on, the port ``DTQ_WORKER_METRICS_PORT + slot``. A fork starts a
+child in milliseconds, since nothing has to be imported again, so losing a child costs little.
+
+A child that dies (a handler called ``os._exit``, the OOM killer, SIGKILL) is replaced, and its
+replacement takes over the dead child's pending entries at once (:meth:`Intake.adopt
+<dtq.worker.intake.Intake.adopt>`): the supervisor has reaped the process, so nothing can still
+run them and they need not wait out the visibility timeout. Each is a crash redelivery for
+start.lua (attempt + 1), so a handler that kills its process every time ends DEAD_LETTERED
+with WorkerLost after max_attempts: it never loops. Restart policy:
+
+- a child that died after it was ready (it signals readiness over a pipe once its loops run)
+  is replaced at once, unless its slot has lost more than ``QUICK_DEATHS`` ready children in
+  the last ``QUICK_WINDOW_S`` seconds: then the slot waits ``QUICK_BACKOFF_S``;
+- a child that died before it was ready (Redis unreachable, a metrics port in use) is started
+  again after a delay that doubles with each such death in a row (0.5 s up to 30 s).
+
+SIGTERM or SIGINT is passed on to every child, which drains; a second one makes them stop
+without waiting for the drain; a child still alive after the drain timeout (plus a margin) is
+killed. Children run in their own session so a terminal's Ctrl-C reaches them only once,
+through the supervisor. Nothing in the supervisor opens a connection or starts a thread: a
+child forked from it starts clean.
 """
 
 from __future__ import annotations
@@ -17,77 +33,65 @@ import contextlib
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from types import FrameType
 
 from dtq.config import Settings
+from dtq.worker.worker import new_worker_id
 
-__all__ = ["child_command", "child_env", "supervise"]
+__all__ = ["ChildMain", "child_settings", "child_worker_id", "supervise"]
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.2
-YOUNG_S = 10.0
+POLL_S = 0.05
 MAX_BACKOFF_S = 30.0
 KILL_MARGIN_S = 10.0
+QUICK_WINDOW_S = 10.0
+QUICK_DEATHS = 20
+QUICK_BACKOFF_S = 1.0
+CHILD_CRASHED = 70  # a child's exit code when its main raised (EX_SOFTWARE)
+
+ChildMain = Callable[[Settings, int, Sequence[str]], int]
+"""What a forked child runs: (its settings, the fd to write one byte to once it is ready, the
+worker ids whose entries it takes over) -> its exit code."""
 
 
 @dataclass
 class _Child:
     index: int
-    process: subprocess.Popen[bytes] | None = None
+    pid: int | None = None
+    worker_id: str = ""
+    ready_fd: int | None = None
+    ready: bool = False
     started: float = 0.0
-    failures: int = 0
+    failures: int = 0  # deaths before readiness, in a row
+    ready_deaths: list[float] = field(default_factory=list)
     restart_at: float = 0.0
+    adopt: list[str] = field(default_factory=list)  # dead predecessors not taken over yet
 
 
-def child_command(
-    queues: Sequence[str], concurrency: int | None, task_modules: Sequence[str]
-) -> list[str]:
-    cmd = [sys.executable, "-m", "dtq.worker"]
-    for q in queues:
-        cmd += ["--queue", q]
-    if concurrency is not None:
-        cmd += ["--concurrency", str(concurrency)]
-    for m in task_modules:
-        cmd += ["--tasks", m]
-    return cmd
+def child_worker_id(settings: Settings, index: int) -> str:
+    """``DTQ_WORKER_ID-<slot>`` when the operator set an id, else a fresh ``worker-<8 hex>``."""
+    return f"{settings.worker_id}-{index}"[:64] if settings.worker_id else new_worker_id()
 
 
-def child_env(settings: Settings, index: int) -> dict[str, str]:
-    """The supervisor's settings as DTQ_* variables, with a worker id of the child's own and,
-    when the metrics endpoint is on, the metrics port ``DTQ_WORKER_METRICS_PORT + index``."""
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        env[f"DTQ_{name.upper()}"] = (
-            ("true" if value else "false") if isinstance(value, bool) else str(value)
-        )
+def child_settings(settings: Settings, index: int, worker_id: str) -> Settings:
+    """The supervisor's settings with the child's worker id and metrics port (port + slot)."""
+    update: dict[str, object] = {"worker_id": worker_id}
     if settings.worker_metrics_port:
-        env["DTQ_WORKER_METRICS_PORT"] = str(settings.worker_metrics_port + index)
-    if settings.worker_id:
-        env["DTQ_WORKER_ID"] = f"{settings.worker_id}-{index}"[:64]
-    else:
-        env.pop("DTQ_WORKER_ID", None)
-    return env
+        update["worker_metrics_port"] = settings.worker_metrics_port + index
+    return settings.model_copy(update=update)
 
 
-def supervise(
-    settings: Settings,
-    *,
-    queues: Sequence[str],
-    concurrency: int | None,
-    task_modules: Sequence[str],
-    processes: int,
-) -> int:
-    """Run ``processes`` children until SIGTERM/SIGINT; returns the exit code (0)."""
+def supervise(settings: Settings, *, processes: int, child_main: ChildMain) -> int:
+    """Run ``processes`` forked children until SIGTERM/SIGINT; returns the exit code (0)."""
     stopping = threading.Event()
     signals = 0
-    children: list[_Child] = []
+    children = [_Child(i) for i in range(processes)]
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         nonlocal signals
@@ -96,67 +100,159 @@ def supervise(
         if signals > 1:  # a second signal: the children stop without waiting for the drain
             _signal_all(children, signal.SIGTERM)
 
-    cmd = child_command(queues, concurrency, task_modules)
-    children.extend(_Child(i) for i in range(processes))
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     log.info("supervisor %d: starting %d worker processes", os.getpid(), processes)
     try:
         while not stopping.is_set():
             now = time.monotonic()
             for child in children:
-                _check(child, cmd, settings, now)
+                _check(child, children, settings, child_main, now)
             stopping.wait(POLL_S)
         log.info("supervisor %d: stopping %d worker processes", os.getpid(), processes)
         _signal_all(children, signal.SIGTERM)
         deadline = time.monotonic() + settings.drain_timeout_s + KILL_MARGIN_S
+        while any(c.pid is not None for c in children) and time.monotonic() < deadline:
+            for child in children:
+                _reap(child)
+            time.sleep(POLL_S)
         for child in children:
-            if child.process is None:
-                continue
-            try:
-                child.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.error("worker process %d did not stop: killed", child.process.pid)
-                child.process.kill()
-                child.process.wait()
+            if child.pid is not None:
+                log.error("worker process %d did not stop: killed", child.pid)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         for child in children:  # never leave a child behind, even on an error here
-            if child.process is not None and child.process.poll() is None:
-                child.process.kill()
-                child.process.wait()
+            if child.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(child.pid, 0)
+                child.pid = None
+            _close_ready(child)
     return 0
 
 
-def _check(child: _Child, cmd: list[str], settings: Settings, now: float) -> None:
-    proc = child.process
-    if proc is not None:
-        code = proc.poll()
+def _check(
+    child: _Child,
+    children: Sequence[_Child],
+    settings: Settings,
+    child_main: ChildMain,
+    now: float,
+) -> None:
+    if child.pid is not None:
+        pid, worker_id = child.pid, child.worker_id
+        _read_ready(child)
+        code = _reap(child)  # reads a last readiness byte too
         if code is None:
             return
+        was_ready = child.ready
         lived = now - child.started
-        child.failures = child.failures + 1 if lived < YOUNG_S else 0
-        delay = min(MAX_BACKOFF_S, 0.5 * 2 ** max(0, child.failures - 1))
+        child.adopt.append(worker_id)  # harmless when it held nothing
+        if was_ready:
+            child.failures = 0
+            child.ready_deaths = [t for t in child.ready_deaths if now - t < QUICK_WINDOW_S]
+            child.ready_deaths.append(now)
+            delay = QUICK_BACKOFF_S if len(child.ready_deaths) > QUICK_DEATHS else 0.0
+        else:
+            child.failures += 1
+            delay = min(MAX_BACKOFF_S, 0.5 * 2 ** (child.failures - 1))
         log.error(
-            "worker process %d exited with %s after %.1fs: restarting in %.1fs",
-            proc.pid,
+            "worker process %d (%s) exited with %s after %.1fs%s: restarting%s",
+            pid,
+            worker_id,
             code,
             lived,
-            delay,
+            "" if was_ready else " before it was ready",
+            f" in {delay:.1f}s" if delay else " now",
         )
-        child.process = None
         child.restart_at = now + delay
-    if now < child.restart_at:
-        return
-    child.process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-        cmd, env=child_env(settings, child.index), start_new_session=True
+    if now >= child.restart_at:
+        _fork(child, children, settings, child_main, now)
+
+
+def _fork(
+    child: _Child,
+    children: Sequence[_Child],
+    settings: Settings,
+    child_main: ChildMain,
+    now: float,
+) -> None:
+    worker_id = child_worker_id(settings, child.index)
+    adopt = list(child.adopt)
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: it never returns into the supervisor's loop
+        code = CHILD_CRASHED
+        try:
+            os.setsid()
+            for s in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(s, signal.SIG_DFL)
+            os.close(read_fd)
+            for other in children:
+                if other.ready_fd is not None:
+                    os.close(other.ready_fd)
+            code = child_main(child_settings(settings, child.index, worker_id), write_fd, adopt)
+        except BaseException:
+            log.exception("worker process %d (%s) failed", os.getpid(), worker_id)
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    os.close(write_fd)
+    os.set_blocking(read_fd, False)
+    child.pid, child.worker_id, child.ready_fd = pid, worker_id, read_fd
+    child.ready, child.started = False, now
+    log.info(
+        "worker process %d started (slot %d, %s%s)",
+        pid,
+        child.index,
+        worker_id,
+        f", taking over {', '.join(adopt)}" if adopt else "",
     )
-    child.started = now
-    log.info("worker process %d started (slot %d)", child.process.pid, child.index)
+
+
+def _read_ready(child: _Child) -> bool:
+    """True once the child said it is ready (its loops run; it has taken over its
+    predecessors' entries, so they are done with)."""
+    if not child.ready and child.ready_fd is not None:
+        try:
+            got = os.read(child.ready_fd, 16)
+        except BlockingIOError:
+            got = b""
+        if got:
+            child.ready = True
+            child.adopt.clear()
+    return child.ready
+
+
+def _reap(child: _Child) -> int | None:
+    """The child's exit code once it has exited (and is reaped), else None."""
+    if child.pid is None:
+        return None
+    try:
+        pid, status = os.waitpid(child.pid, os.WNOHANG)
+    except ChildProcessError:  # reaped elsewhere: gone all the same
+        pid, status = child.pid, 0
+    if pid == 0:
+        return None
+    child.pid = None
+    _read_ready(child)
+    _close_ready(child)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _close_ready(child: _Child) -> None:
+    if child.ready_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(child.ready_fd)
+        child.ready_fd = None
 
 
 def _signal_all(children: Sequence[_Child], signum: int) -> None:
     for child in children:
-        if child.process is not None and child.process.poll() is None:
+        if child.pid is not None:
             with contextlib.suppress(ProcessLookupError):
-                child.process.send_signal(signum)
+                os.kill(child.pid, signum)

@@ -103,7 +103,11 @@ class Worker:
         observers: Iterable[WorkerObserver] = (),
         redis: Redis | None = None,
         on_redis_op: OpHook | None = None,
+        adopt: Sequence[str] = (),
     ) -> None:
+        """``adopt``: worker ids known to be dead (a supervised process that exited) whose
+        pending entries this worker takes over at start, without waiting for the visibility
+        timeout (:meth:`Intake.adopt`)."""
         if not queues:
             raise ValueError("a worker needs at least one queue")
         self.settings = settings
@@ -133,6 +137,7 @@ class Worker:
             self.store, retry_budget_s=settings.visibility_timeout_s / 2, outage=self.outage
         )
         self._heartbeat: Heartbeat | None = None
+        self._adopt = [a for a in adopt if a]
         self.intake = Intake(
             self.store,
             settings,
@@ -211,6 +216,7 @@ class Worker:
             ).run(self._scheduler_stop),
             name="scheduler",
         )
+        await self._take_over_dead()  # before the poll loops: their slots go to these first
         intake = [
             asyncio.create_task(self._supervise("poll", self._poll), name=f"poll{i}")
             for i in range(POLL_LOOPS if self.concurrency > 1 else 1)
@@ -377,6 +383,14 @@ class Worker:
 
     def _jittered_reaper_interval(self) -> float:
         return self.settings.reaper_interval_s * (1 + self._rng.uniform(-JITTER, JITTER))
+
+    async def _take_over_dead(self) -> None:
+        if not self._adopt:
+            return
+        try:
+            await self.intake.adopt(self._adopt)
+        except TRANSIENT as exc:  # the reaper takes them after the visibility timeout
+            self.outage.failed("take-over of a dead process's entries", exc)
 
     async def reap_once(self) -> int:
         """One reaper pass now (tests, operators): on a busy worker it waits for the slots its
