@@ -8,6 +8,7 @@ name every invariant that did not hold (the test fails on any), its figures are 
 from __future__ import annotations
 
 import asyncio
+import re
 import resource
 import signal
 import time
@@ -293,6 +294,15 @@ async def sigstop(root: Path, scale: Scale) -> list[Report]:
 # -- 8. poison pills ----------------------------------------------------------------------------
 
 POISON_AS_LIMIT = 1 << 30  # RLIMIT_AS of each worker in the poison scenario (about 5x its need)
+POISON_PROCESSES = 4
+CHILD_EXITED = re.compile(r"worker process (\d+) \(\S+\) exited with")
+
+
+def _limit_address_space() -> None:
+    """In the supervisor, before exec: its forked children inherit the limit."""
+    resource.setrlimit(resource.RLIMIT_AS, (POISON_AS_LIMIT, POISON_AS_LIMIT))
+
+
 PILL_ATTEMPTS = 3
 # task type -> (options, the error classes its dead letter may have, attempts it must use).
 # A pill whose worker is killed by another pill (an exit pill in the same process) is
@@ -328,22 +338,22 @@ async def poison(
         specs.insert(rng.randrange(len(specs) + 1), pill)
     async with running(root, "poison") as run:
         c = run.cluster
-
-        def spawn(_: WorkerProc | None = None) -> WorkerProc:
-            w = c.spawn_worker("p", env={"MALLOC_ARENA_MAX": "2"})
-            resource.prlimit(w.pid, resource.RLIMIT_AS, (POISON_AS_LIMIT, POISON_AS_LIMIT))
-            return w
-
-        await c.wait_workers([spawn() for _ in range(4)])
-        stop, deaths = asyncio.Event(), list[WorkerProc]()
-        sup = asyncio.create_task(supervise(c, stop, spawn, deaths))
-        try:
-            load = LoadGen(concurrency=64)
-            await load.via_sdk(c.url, specs, rate=None)
-            rep = await finish(run, "poison pills", load)
-        finally:
-            stop.set()
-            await sup
+        # dtq's own supervisor (--processes 4, 8 slots each, like the other scenarios' four
+        # workers): it forks a child in place of one a pill killed and hands it the dead
+        # child's entries. The address-space limit is set before exec, so every child has it.
+        sup = c.spawn_worker(
+            "p",
+            args=["--processes", str(POISON_PROCESSES)],
+            env={"MALLOC_ARENA_MAX": "2"},
+            preexec_fn=_limit_address_space,
+        )
+        children = [f"{sup.worker_id}-{i}" for i in range(POISON_PROCESSES)]
+        await c.wait_workers([WorkerProc(w, sup.proc) for w in children])
+        load = LoadGen(concurrency=64)
+        await load.via_sdk(c.url, specs, rate=None)
+        rep = await finish(run, "poison pills", load)
+        deaths = [int(pid) for pid in CHILD_EXITED.findall(sup.proc.output())]
+        rep.require(sup.proc.alive(), "the supervisor survived its children")
     kind_of = {s.seq: s.task_type for s in specs}
     pill_ids = {tid for tid, v in rep.views.items() if kind_of.get(v.seq or -1) in PILLS}
     rep.require_zero("lost", rep.lost)
@@ -351,7 +361,7 @@ async def poison(
     rep.require_zero("late_exec", rep.late_exec)
     rep.require_zero(
         "dup_exec of ordinary tasks not on a dead worker",
-        [d for d in dup_unexplained(rep, {w.pid for w in deaths}) if d[:32] not in pill_ids],
+        [d for d in dup_unexplained(rep, set(deaths)) if d[:32] not in pill_ids],
     )
     runs: dict[str, list[int]] = {k: [] for k in PILLS}
     for tid in pill_ids:
