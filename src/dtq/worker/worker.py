@@ -15,9 +15,10 @@ first failure logged at once, then at most a line a second, then one line when R
 and starts again once Redis answers a PING; a bug is logged with its trace and the loop started
 again.
 
-Start scripts of one read go to Redis in one pipeline; each started entry runs as its own
-asyncio task (:func:`~dtq.worker.executor.run_handler`) and its finish script joins the
-finisher's next pipeline. Shutdown (:meth:`Worker.stop`): stop intake and the scheduler, wait
+What is in flight is the :class:`~dtq.worker.dispatch.Dispatcher`'s: the start scripts of one
+read go to Redis in one pipeline, each started entry runs as its own asyncio task
+(:func:`~dtq.worker.executor.run_handler`) and its finish script joins the finisher's next
+pipeline. Shutdown (:meth:`Worker.stop`): stop intake and the scheduler, wait
 up to ``DTQ_DRAIN_TIMEOUT_S`` for in-flight work, stop what is left *without* acknowledging it
 (a peer reclaims it), flush finishes, delete its consumers that hold no entry
 (:mod:`dtq.worker.consumers`), heartbeat to the end, then status stopped and WORKER_STOPPED.
@@ -36,19 +37,18 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from dtq import keys
 from dtq.clock import RedisClock
 from dtq.config import Settings
-from dtq.log import bind as bind_log_fields
-from dtq.scripts import Call, OpHook, Scripts
+from dtq.scripts import OpHook, Scripts
 from dtq.store import Store
 from dtq.worker.connection import worker_redis
 from dtq.worker.consumers import drop_own
-from dtq.worker.executor import Execution, Finisher, ThreadRunner, run_handler
+from dtq.worker.dispatch import Dispatcher
+from dtq.worker.executor import Finisher, ThreadRunner
 from dtq.worker.heartbeat import Heartbeat
 from dtq.worker.intake import BLOCK_MS, READ_BATCH, Capacity, Intake
+from dtq.worker.observer import WorkerObserver
 from dtq.worker.outage import TRANSIENT, RedisOutage
-from dtq.worker.protocol import Entry, Outcome, StartReply, finish_call, start_call, touch_args
 from dtq.worker.scheduler import Scheduler, TickResult
 from dtq_tasks import Handler, registry
 
@@ -65,28 +65,6 @@ LEAVE_TIMEOUT_S = 5.0
 
 def new_worker_id() -> str:
     return "worker-" + uuid.uuid4().hex[:8]
-
-
-class WorkerObserver:
-    """Lifecycle hooks (metrics, logs, tests subscribe); the default does nothing.
-
-    Called on the event loop; an observer must not block or raise.
-    """
-
-    def task_started(self, entry: Entry, start: StartReply) -> None:
-        """A handler is about to run."""
-
-    def task_skipped(self, entry: Entry, start: StartReply) -> None:
-        """The start checks consumed an entry without running it (kind in ``start.kind``)."""
-
-    def task_finished(
-        self, ex: Execution, status: str, duration_ms: int, outcome: Outcome | None = None
-    ) -> None:
-        """finish.lua recorded ``status`` (or ``fenced``); ``outcome`` is how the run ended."""
-
-    async def scheduler_ticked(self, result: TickResult, redis: Redis) -> None:
-        """This worker's scheduler (the leader) retried or expired tasks: one call per batch
-        (of at most 100) of a tick, with that batch's part of the tick's result."""
 
 
 class Worker:
@@ -120,17 +98,11 @@ class Worker:
         self.scripts = Scripts(on_call=on_redis_op)
         self.store = Store(self.redis, self.scripts, settings, set(self.handlers))
         self.clock = RedisClock()
-        self.inflight: dict[str, Execution] = {}
-        self.tasks_processed = 0
-        self.tasks_failed = 0
-        self.tasks_retried = 0
         self.capacity = Capacity(self.concurrency)
         self._stopping = asyncio.Event()  # stop intake
         self._force = asyncio.Event()  # skip the rest of the drain
         self._scheduler_stop = asyncio.Event()
-        self._executions: set[asyncio.Task[None]] = set()
         self._rng = random.Random()
-        self._threads: ThreadRunner | None = None
         # One reporter for every loop of the process, the heartbeat thread's too (outage.py).
         self.outage = RedisOutage()
         self._finisher = Finisher(
@@ -138,13 +110,26 @@ class Worker:
         )
         self._heartbeat: Heartbeat | None = None
         self._adopt = [a for a in adopt if a]
+        self.dispatch = Dispatcher(
+            worker_id=self.worker_id,
+            settings=settings,
+            redis=self.redis,
+            scripts=self.scripts,
+            handlers=self.handlers,
+            observers=self.observers,
+            capacity=self.capacity,
+            finisher=self._finisher,
+            clock=self.clock,
+            rng=self._rng,
+        )
+        self.inflight = self.dispatch.inflight
         self.intake = Intake(
             self.store,
             settings,
             self.worker_id,
             self.queues,
             self.capacity,
-            self._start,
+            self.dispatch.start,
             self.inflight,
             self._stopping,
         )
@@ -169,7 +154,7 @@ class Worker:
     async def run(self) -> None:
         """Run until :meth:`stop`; returns after the ordered shutdown."""
         loop = asyncio.get_running_loop()
-        self._threads = ThreadRunner(loop, self.concurrency)
+        self.dispatch.threads = threads = ThreadRunner(loop, self.concurrency)
         try:
             await self._prepare()
             self._heartbeat = Heartbeat(
@@ -179,7 +164,7 @@ class Worker:
                 self.queues,
                 self.concurrency,
                 self.clock,
-                snapshot=self._snapshot,
+                snapshot=self.dispatch.snapshot,
                 stats=self._stats,
                 on_lost=lambda ids: self._lost_from_thread(loop, ids),
                 outage=self.outage,
@@ -192,15 +177,15 @@ class Worker:
             await self._serve()
         finally:
             await asyncio.to_thread(self._heartbeat.stop)
-            self._threads.shutdown()
+            threads.shutdown()
             await self.redis.aclose()
             self.outage.flush()
             log.info(
                 "worker %s stopped (%d processed, %d failed, %d retried)",
                 self.worker_id,
-                self.tasks_processed,
-                self.tasks_failed,
-                self.tasks_retried,
+                self.dispatch.tasks_processed,
+                self.dispatch.tasks_failed,
+                self.dispatch.tasks_retried,
             )
 
     async def _serve(self) -> None:
@@ -286,7 +271,7 @@ class Worker:
         for t in intake:
             t.cancel()
         await asyncio.gather(*intake, return_exceptions=True)
-        pending = set(self._executions)
+        pending = set(self.dispatch.executions)
         if pending and not self._force.is_set():
             drained = asyncio.ensure_future(asyncio.wait(pending))
             forced = asyncio.ensure_future(self._force.wait())
@@ -304,8 +289,8 @@ class Worker:
                 self.worker_id,
                 len(left),
             )
-        if self._executions:
-            await asyncio.wait(set(self._executions), timeout=5)
+        if self.dispatch.executions:
+            await asyncio.wait(set(self.dispatch.executions), timeout=5)
 
     async def _leave_groups(self) -> None:
         """Delete this worker's consumers that hold no entry (consumers.py); one that holds an
@@ -397,225 +382,18 @@ class Worker:
         claimable entries need (ahead of the poll loops); returns how many it started."""
         return await self.intake.reap_once()
 
-    def _release(self, n: int = 1) -> None:
-        self.capacity.release(n)
-
-    # -- start ----------------------------------------------------------------------------------
-
-    async def _start(self, entries: Sequence[Entry]) -> None:
-        """One pipeline of start scripts for a read batch; each slot is already reserved."""
-        todo = []
-        for entry in entries:
-            if entry.entry_id in self.inflight:  # reclaimed from ourselves: it is running here
-                self._release()
-            else:
-                todo.append(entry)
-        if not todo:
-            return
-        calls = [start_call(e, self.worker_id, self.settings) for e in todo]
-        try:
-            replies = await self._call_starts(calls)
-        except BaseException:
-            self._release(len(todo))  # entries stay pending: the reaper redelivers them
-            raise
-        for entry, reply in zip(todo, replies, strict=True):
-            if isinstance(reply, Exception):
-                log.error(
-                    "start of task %s (entry %s) failed: %s", entry.task_id, entry.entry_id, reply
-                )
-                self._release()
-                continue
-            start = StartReply.parse(reply)
-            if start.kind != "run":
-                self._skipped(entry, start)
-                self._release()
-                continue
-            self._launch(entry, start)
-
-    async def _call_starts(self, calls: Sequence[Call]) -> list[Any]:
-        """The start scripts of one read: one pipeline, or a plain EVALSHA for a lone entry
-        (an idle worker's wake-up: no pipeline machinery on the way to start)."""
-        if len(calls) > 1:
-            return await self.scripts.call_many(self.redis, calls)
-        try:
-            return [await self.scripts.call(self.redis, *calls[0])]
-        except ResponseError as exc:  # the script's error, for that entry alone
-            return [exc]
-
-    def _skipped(self, entry: Entry, start: StartReply) -> None:
-        level = logging.WARNING if start.kind in {"duplicate", "dead", "fenced"} else logging.INFO
-        log.log(
-            level,
-            "task %s (entry %s of %s) not run: %s %s",
-            entry.task_id,
-            entry.entry_id,
-            entry.stream,
-            start.kind,
-            start.detail,
-            extra={"task_id": entry.task_id, "task_type": entry.task_type, "queue": entry.queue},
-        )
-        if start.kind == "dead":
-            self.tasks_failed += 1
-        for obs in self.observers:
-            obs.task_skipped(entry, start)
-
-    def _launch(self, entry: Entry, start: StartReply) -> None:
-        ex = Execution(entry, start, on_release=self._release, lease_check=self._lease_check)
-        self.inflight[entry.entry_id] = ex
-        for obs in self.observers:
-            obs.task_started(entry, start)
-        task = asyncio.create_task(self._execute(ex), name=f"task-{entry.task_id}")
-        self._executions.add(task)
-        task.add_done_callback(self._executions.discard)
-
-    async def _execute(self, ex: Execution) -> None:
-        assert self._threads is not None
-        entry = ex.entry
-        # This coroutine runs as its own asyncio task: the fields end with it.
-        bind_log_fields(
-            task_id=entry.task_id, task_type=entry.task_type, queue=entry.queue, attempt=ex.attempt
-        )
-        try:
-            outcome = await run_handler(
-                ex,
-                self.handlers.get(entry.task_type),
-                self.worker_id,
-                self.settings,
-                self._threads,
-                self._rng,
-            )
-            if outcome is None:
-                log.info(
-                    "task %s attempt %d stopped (%s): left for another worker",
-                    entry.task_id,
-                    ex.attempt,
-                    ex.cancel_reason,
-                )
-                return
-            ex.finishing = True
-            call = finish_call(entry, ex.attempt, outcome, self.worker_id, self.settings)
-            reply = await asyncio.shield(self._finisher.submit(call))
-            status = self._finished(ex, outcome.kind, reply)
-            for obs in self.observers:
-                obs.task_finished(ex, status, outcome.duration_ms, outcome)
-        except Exception:  # a bug here must not kill the worker; the entry stays pending
-            log.exception(
-                "task %s attempt %d: execution failed inside the worker; the entry is left "
-                "for redelivery",
-                entry.task_id,
-                ex.attempt,
-            )
-        finally:
-            self.inflight.pop(entry.entry_id, None)
-            ex.drop_hold("execution")
-
-    async def _lease_check(self, ex: Execution) -> bool:
-        """Right before a handler starts: is the lease still this worker's? start.lua renewed
-        it at ``started_ms`` (Redis clock), so it is, unless the worker stalled for half the
-        visibility timeout since (a stop signal, a VM pause, a starved event loop): then
-        touch.lua checks ownership (and renews). A worker that cannot check does not run."""
-        age_ms = self.clock.now_ms() - ex.start.started_ms
-        if age_ms < self.settings.visibility_timeout_s * 500:
-            return True
-        entry = ex.entry
-        key_list, argv = touch_args(self.worker_id, [(entry.stream, entry.entry_id)])
-        try:
-            lost = await self.scripts.call(self.redis, "touch", key_list, argv)
-        except TRANSIENT as exc:
-            lost, why = [1], f"Redis unavailable: {exc}"
-        else:
-            why = "another worker holds it"
-        if ex.cancel_reason is not None:
-            return False  # stopped meanwhile (the heartbeat saw the lease lost): said there
-        if lost:
-            log.warning(
-                "task %s attempt %d: lease lost before its handler started (%s, started %.1fs "
-                "ago): not run here",
-                entry.task_id,
-                ex.attempt,
-                why,
-                age_ms / 1000,
-            )
-            return False
-        return True
-
-    def _finished(self, ex: Execution, kind: str, reply: Any) -> str:
-        entry = ex.entry
-        if isinstance(reply, Exception):
-            # Redis unavailable: the finisher logged the batch (with this task's id) once.
-            level = logging.DEBUG if isinstance(reply, TRANSIENT) else logging.ERROR
-            log.log(
-                level,
-                "finish of task %s attempt %d failed: %s: the entry stays pending",
-                entry.task_id,
-                ex.attempt,
-                reply,
-            )
-            return "error"
-        status = str(reply[0])
-        if status == "fenced":
-            log.warning(
-                "task %s attempt %d: finish fenced (%s): another worker owns it; nothing written",
-                entry.task_id,
-                ex.attempt,
-                reply[1],
-            )
-            return status
-        self.tasks_processed += 1
-        if status in {"failed", "dead_lettered"}:
-            self.tasks_failed += 1
-        elif status == "retrying" and kind == "error":
-            self.tasks_failed += 1
-            self.tasks_retried += 1
-        log.debug("task %s attempt %d: %s", entry.task_id, ex.attempt, status)
-        return status
-
-    # -- cancellation and lost leases -----------------------------------------------------------
+    # -- cancellation -----------------------------------------------------------------------
 
     async def _cancel_loop(self) -> None:
         while True:
             await asyncio.sleep(CANCEL_POLL_S * (1 + self._rng.uniform(-JITTER, JITTER)))
-            await self.check_cancellations()
-
-    async def check_cancellations(self) -> int:
-        running = [ex for ex in self.inflight.values() if not ex.finishing and not ex.cancel_reason]
-        if not running:
-            return 0
-        pipe = self.redis.pipeline(transaction=False)
-        for ex in running:
-            pipe.hget(keys.task(ex.entry.task_id), "cancel_requested")
-        cancelled = 0
-        for ex, flag in zip(running, await pipe.execute(), strict=True):
-            if flag == "1" and ex.cancel("user"):
-                log.info(
-                    "task %s attempt %d: cancel requested, stopping its handler",
-                    ex.entry.task_id,
-                    ex.attempt,
-                )
-                cancelled += 1
-        return cancelled
-
-    def _on_lost(self, entry_ids: list[str]) -> None:
-        for entry_id in entry_ids:
-            ex = self.inflight.get(entry_id)
-            if ex is not None and ex.cancel("lost"):
-                log.warning(
-                    "task %s attempt %d: lease lost, %s",
-                    ex.entry.task_id,
-                    ex.attempt,
-                    "handler stopped"
-                    if ex.handler_started
-                    else "handler not started: not run here",
-                )
+            await self.dispatch.check_cancellations()
 
     # -- heartbeat callbacks (called on the heartbeat thread) ------------------------------------
 
     def _lost_from_thread(self, loop: asyncio.AbstractEventLoop, entry_ids: list[str]) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closing: nothing to stop
-            loop.call_soon_threadsafe(self._on_lost, entry_ids)
-
-    def _snapshot(self) -> list[tuple[str, str]]:
-        return [(ex.entry.stream, ex.entry.entry_id) for ex in list(self.inflight.values())]
+            loop.call_soon_threadsafe(self.dispatch.on_lost, entry_ids)
 
     async def _scheduler_ticked(self, result: TickResult) -> None:
         for obs in self.observers:
@@ -624,7 +402,7 @@ class Worker:
     def _stats(self) -> dict[str, Any]:
         return {
             "active_tasks": self.active_tasks,
-            "tasks_processed": self.tasks_processed,
-            "tasks_failed": self.tasks_failed,
-            "tasks_retried": self.tasks_retried,
+            "tasks_processed": self.dispatch.tasks_processed,
+            "tasks_failed": self.dispatch.tasks_failed,
+            "tasks_retried": self.dispatch.tasks_retried,
         }
