@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from scheduler_support import Events, running, wait_until
 
 from dtq import Queue, TaskStatus, keys
@@ -16,7 +17,8 @@ from dtq.config import Settings
 from dtq.models import Task
 from dtq.scripts import Scripts
 from dtq.store import Store
-from dtq.worker.scheduler import CLAIM_BATCH, Scheduler
+from dtq.worker.outage import RedisOutage
+from dtq.worker.scheduler import CLAIM_BATCH, STALE_HEARTBEATS, Scheduler
 
 WORKER_A = "worker-aaaaaaaa"
 WORKER_B = "worker-bbbbbbbb"
@@ -377,6 +379,23 @@ async def test_stale_workers_reported_once_and_removed(
     assert by_id["worker-33333333"].metadata["reason"] == "hash_gone"
     assert abs(stale[0].ts.timestamp() * 1000 - now) < 2000
     assert sorted(await r.smembers(keys.WORKERS)) == ["worker-11111111", "worker-44444444"]
+
+
+async def test_no_worker_is_judged_stale_right_after_an_outage_nor_itself(
+    queue: Queue, r: Redis, settings: Settings
+) -> None:
+    """After Redis was away, every heartbeat is as old as the outage: the scheduler waits a
+    stale limit (3 heartbeat intervals) before judging; and it never judges its own worker."""
+    await r.sadd(keys.WORKERS, WORKER_A, "worker-66666666")  # neither has a heartbeat hash
+    outage = RedisOutage()
+    a = Scheduler(queue.store, settings, WORKER_A, outage=outage)
+    outage.failed("poll loop", RedisConnectionError("Connection refused"))
+    outage.ok("poll loop")  # Redis answers again
+    assert (await a.tick()).stale_workers == []
+    assert await r.sismember(keys.WORKERS, "worker-66666666")
+    outage.last_failure -= STALE_HEARTBEATS * settings.heartbeat_interval_s  # the limit passed
+    assert (await a.tick()).stale_workers == ["worker-66666666"]
+    assert await r.sismember(keys.WORKERS, WORKER_A)  # never itself
 
 
 async def test_a_live_worker_becomes_stale_when_its_heartbeat_stops(

@@ -115,6 +115,31 @@ def test_a_long_outage_that_began_unannounced_is_announced(clock: Clock, lines: 
     assert "1 failure(s) in the last 1.0s" in lines[2]
 
 
+def test_finishes_given_up_are_told_in_the_outage_lines_with_their_ids(
+    clock: Clock, lines: Lines
+) -> None:
+    """The finisher's give-up is part of the story, not a line of its own (issue 9: at most a
+    line a second); the next line names the tasks, the recovery line says what is left."""
+    out = reporter(clock)
+    out.failed("finish", REFUSED)
+    clock.now += 0.8
+    out.unrecorded(["a" * 32, "b" * 32])
+    assert len(lines) == 1
+    clock.now += 0.3
+    out.failed("poll loop", REFUSED)
+    assert len(lines) == 2
+    assert "the finish of 2 task(s) was not recorded" in lines[1]
+    assert "a" * 32 + ", " + "b" * 32 in lines[1] and "may run twice" in lines[1]
+    out.unrecorded([f"{i:032x}" for i in range(25)])
+    clock.now += 0.2
+    out.ok("poll loop")
+    assert len(lines) == 3
+    assert lines[2].startswith("Redis answers again (poll loop) after 1.3s unavailable")
+    assert "the finish of 25 task(s) was not recorded" in lines[2] and "and 5 more" in lines[2]
+    out.ok()
+    assert len(lines) == 3
+
+
 def test_flush_tells_what_is_left(clock: Clock, lines: Lines) -> None:
     out = reporter(clock)
     out.failed("poll loop", REFUSED)

@@ -39,7 +39,6 @@ __all__ = ["Execution", "Finisher", "LeaseLostError", "ThreadRunner", "run_handl
 log = logging.getLogger(__name__)
 
 FINISH_BATCH_MAX = 512
-IDS_LOGGED = 20  # task ids named in the line of a batch whose finish was not recorded
 
 
 class LeaseLostError(Exception):
@@ -366,18 +365,8 @@ class Finisher:
             except TRANSIENT as exc:
                 self._outage.failed("finish", exc)
                 if time.monotonic() + delay_s > deadline:
-                    ids = [str(args[0]) for _, _, args in calls[:IDS_LOGGED]]
-                    more = len(calls) - len(ids)
-                    log.error(
-                        "finish of %d task(s) not recorded, Redis unavailable for %.1fs (%s): "
-                        "their entries stay pending and are redelivered after the visibility "
-                        "timeout: %s%s",
-                        len(calls),
-                        time.monotonic() - started,
-                        exc,
-                        ", ".join(ids),
-                        f" and {more} more" if more > 0 else "",
-                    )
+                    # Told, with the ids, in the outage reporter's next line (one a second).
+                    self._outage.unrecorded([str(args[0]) for _, _, args in calls])
                     return [exc] * len(calls)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 2.0)

@@ -13,6 +13,10 @@ log gets:
 - **one line when Redis answers again**, with how long it was unavailable and how many
   failures there were in all.
 
+Finishes the finisher gave up on during the outage (:meth:`~RedisOutage.unrecorded`: their
+entries stay pending and are redelivered after the visibility timeout, so those tasks may run
+twice) are told in those same lines, with their task ids, never by lines of their own.
+
 No two lines of an outage story are less than ``interval_s`` apart, except its last one (Redis
 answers again), which comes at once. An outage that begins less than ``interval_s`` after the
 previous line (Redis flapping) is not told by a line of its own: its failures are counted, and
@@ -29,7 +33,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -37,6 +41,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 __all__ = ["TRANSIENT", "RedisOutage"]
 
 log = logging.getLogger(__name__)
+
+IDS_TOLD = 20  # task ids named for the finishes not recorded since the last line
 
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
 """Errors that mean "Redis did not answer" (redis-py's BusyLoadingError, while a restarted Redis
@@ -68,6 +74,9 @@ class RedisOutage:
         self._brief_s = 0.0
         self._brief_failures = 0
         self.outages = 0  # outages seen, told or not
+        self.last_failure = -float("inf")  # clock time of the last failure (monotonic)
+        self._unrecorded = 0  # finishes given up, not told yet
+        self._unrecorded_ids: list[str] = []
 
     @property
     def down(self) -> bool:
@@ -78,6 +87,7 @@ class RedisOutage:
         """A Redis call of ``what`` (e.g. ``"poll loop"``, ``"heartbeat"``) failed with ``exc``."""
         with self._lock:
             now = self._clock()
+            self.last_failure = now
             self._dirty = True
             if self._since is None:
                 self._since = now
@@ -94,14 +104,28 @@ class RedisOutage:
             else:
                 self._log.warning(
                     "Redis still unavailable after %.1fs: %d failure(s) not logged since the "
-                    "last line (%s); last: %s",
+                    "last line (%s); last: %s%s",
                     now - self._since,
                     sum(self._untold.values()) + 1,
                     _by_what(self._untold + Counter({what: 1})),
                     self._last_error,
+                    self._take_unrecorded(),
                 )
             self._untold.clear()
             self._last_line = now
+
+    def seconds_since_failure(self) -> float:
+        """How long ago the last failure was (infinite when there was none)."""
+        return self._clock() - self.last_failure
+
+    def unrecorded(self, task_ids: Sequence[str]) -> None:
+        """The finisher gave up recording these tasks' finishes (Redis stayed away past its
+        retry budget): told in the outage's next line."""
+        with self._lock:
+            self._dirty = True
+            self._unrecorded += len(task_ids)
+            room = IDS_TOLD - len(self._unrecorded_ids)
+            self._unrecorded_ids.extend(task_ids[: max(0, room)])
 
     def ok(self, what: str = "") -> None:
         """A Redis call of ``what`` succeeded: Redis answers."""
@@ -112,11 +136,13 @@ class RedisOutage:
             if self._since is not None:
                 duration_s = now - self._since
                 if self._announced:
-                    self._log.info(
-                        "Redis answers again%s after %.1fs unavailable (%d failure(s) in all)",
+                    self._log.log(
+                        logging.WARNING if self._unrecorded else logging.INFO,
+                        "Redis answers again%s after %.1fs unavailable (%d failure(s) in all)%s",
                         f" ({what})" if what else "",
                         duration_s,
                         self._failures,
+                        self._take_unrecorded(),
                     )
                     self._last_line = now
                 else:
@@ -125,15 +151,15 @@ class RedisOutage:
                     self._brief_failures += self._failures
                 self._since = None
                 self._untold.clear()
-            if self._brief and now - self._last_line >= self.interval_s:
+            if (self._brief or self._unrecorded) and now - self._last_line >= self.interval_s:
                 self._tell_brief()
                 self._last_line = now
-            self._dirty = self._brief > 0
+            self._dirty = self._brief > 0 or self._unrecorded > 0
 
     def flush(self) -> None:
         """Tell brief outages not told yet, whatever the time since the last line (at exit)."""
         with self._lock:
-            if self._brief and self._since is None:
+            if (self._brief or self._unrecorded) and self._since is None:
                 self._tell_brief()
                 self._dirty = False
 
@@ -153,22 +179,39 @@ class RedisOutage:
             earlier += f"; {n} failure(s) in the last {age_s:.1f}s"
         self._log.warning(
             "Redis unavailable: %s%s -- the worker retries, at most one line a second until "
-            "Redis answers",
+            "Redis answers%s",
             self._last_error,
             earlier,
+            self._take_unrecorded(),
         )
         self._announced = True
 
     def _tell_brief(self) -> None:
+        if not self._brief:  # only finishes given up during an outage already told
+            self._log.warning("Redis answers%s", self._take_unrecorded())
+            return
         self._log.warning(
             "Redis was briefly unavailable %d time(s) (%.1fs in all, %d failure(s); last: %s); "
-            "it answers now",
+            "it answers now%s",
             self._brief,
             self._brief_s,
             self._brief_failures,
             self._last_error,
+            self._take_unrecorded(),
         )
         self._brief, self._brief_s, self._brief_failures = 0, 0.0, 0
+
+    def _take_unrecorded(self) -> str:
+        """The finishes given up since the last line, as the end of a line (then forgotten)."""
+        if not self._unrecorded:
+            return ""
+        n, ids = self._unrecorded, self._unrecorded_ids
+        self._unrecorded, self._unrecorded_ids = 0, []
+        more = f" and {n - len(ids)} more" if n > len(ids) else ""
+        return (
+            f"; the finish of {n} task(s) was not recorded: their entries stay pending and are "
+            f"redelivered after the visibility timeout (they may run twice): {', '.join(ids)}{more}"
+        )
 
 
 def _describe(exc: BaseException) -> str:

@@ -17,7 +17,9 @@ sections 2, 4, 6) does any work. Each leader tick:
    at once instead of after ``scheduler_interval_s``. ``on_tick`` gets each batch's result as
    soon as it is done (the labels of the swept tasks included, from the script's replies);
 4. every few seconds, removes from ``dtq:workers`` each worker whose heartbeat is older than
-   three heartbeat intervals (or whose hash is gone) and publishes WORKER_STALE for it, once;
+   three heartbeat intervals (or whose hash is gone) and publishes WORKER_STALE for it, once
+   (never its own worker, and not until three heartbeat intervals after this process last
+   lost Redis: every heartbeat is as old as the outage);
    and deletes the consumers of workers not alive that hold no pending entry
    (:func:`dtq.worker.consumers.drop_dead`), so consumer counts stay bounded.
 
@@ -309,6 +311,7 @@ class Scheduler:
     async def _stale_workers(self, now_ms: int, result: TickResult) -> None:
         redis = self.store.redis
         members = sorted(cast(set[str], await redis.smembers(keys.WORKERS)))
+        members = [m for m in members if m != self.worker_id]  # this one is alive: it is here
         if not members:
             return
         pipe = redis.pipeline(transaction=False)
@@ -375,7 +378,10 @@ class Scheduler:
             if await self._sweep(now_ms, result):
                 self._next_sweep_ms = now_ms  # a backlog is left: go on at the next tick
                 self._sweep_backlog = True
-        if now_ms >= self._next_stale_check_ms:
+        # Right after this process lost Redis, every worker's heartbeat is as old as the outage:
+        # judge none of them until a full stale limit has passed since (they beat meanwhile).
+        settled = self.outage.seconds_since_failure() * 1000 >= self._stale_limit_ms()
+        if now_ms >= self._next_stale_check_ms and settled:
             self._next_stale_check_ms = now_ms + self._stale_check_ms()
             await self._stale_workers(now_ms, result)
             await self._phase(result, "consumers", self._drop_consumers(now_ms, result))
