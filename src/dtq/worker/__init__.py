@@ -158,9 +158,11 @@ async def _serve(worker: Worker, ready_fd: int | None = None) -> None:
 
 
 async def _tell_ready(worker: Worker, fd: int) -> None:
-    """One byte to the supervisor once the worker's loops run (after any take-over)."""
+    """One byte to the supervisor once the worker is connected and set up, before it takes
+    over a dead predecessor's entries: a child that a handler kills while it runs those is a
+    child that died serving, not one that cannot start (no start-up backoff for it)."""
     try:
-        await worker.started.wait()
+        await worker.prepared.wait()
         os.write(fd, b"1")
     finally:
         os.close(fd)

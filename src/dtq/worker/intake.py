@@ -259,24 +259,12 @@ class Intake:
                     self.capacity.release(n)
                     raise
                 cursor = str(reply[0])
-                entries, bad, nil = _claimed(stream, reply[1])
                 deleted = reply[2] if len(reply) > 2 else []
-                seen += len(entries) + len(bad) + nil + len(deleted)
-                self.capacity.release(n - len(entries))
-                if entries:
-                    log.warning(
-                        "reaper: reclaimed %d entr%s idle over %dms from %s",
-                        len(entries),
-                        "y" if len(entries) == 1 else "ies",
-                        min_idle_ms,
-                        stream,
-                    )
-                    started += len(entries)
-                    await asyncio.shield(self._start(entries))
-                if bad:
-                    await self._drop_unusable(bad)
-                if nil:
-                    await self._resolve_deleted(stream)
+                ran, claimed = await self._start_claimed(
+                    stream, reply[1], n, f"reaper: reclaimed {{}} idle over {min_idle_ms}ms"
+                )
+                started += ran
+                seen += claimed + len(deleted)
                 if deleted:
                     log.error(
                         "reaper: entries deleted from %s while pending (Redis removed them from "
@@ -318,23 +306,28 @@ class Intake:
                 except BaseException:
                     self.capacity.release(n)
                     raise
-                entries, bad, nil = _claimed(stream, items)
-                self.capacity.release(n - len(entries))
-                started += len(entries)
-                if entries:
-                    log.warning(
-                        "taking over %d entr%s of %s on %s: its process exited",
-                        len(entries),
-                        "y" if len(entries) == 1 else "ies",
-                        consumer,
-                        stream,
-                    )
-                    await asyncio.shield(self._start(entries))
-                if bad:
-                    await self._drop_unusable(bad)
-                if nil:
-                    await self._resolve_deleted(stream)
+                what = f"taking over {{}} of {consumer} (its process exited)"
+                started += (await self._start_claimed(stream, items, n, what))[0]
         return started
+
+    async def _start_claimed(
+        self, stream: str, items: Sequence[Any], reserved: int, what: str
+    ) -> tuple[int, int]:
+        """Start what a claim (XAUTOCLAIM, XCLAIM) of ``stream`` returned, in the ``reserved``
+        slots (the rest are given back); entries without task fields are dropped, ids deleted
+        while pending resolved. ``what``: the log line, ``{}`` for "N entries". Returns (how many
+        were started, how many ids the claim returned)."""
+        entries, bad, nil = _claimed(stream, items)
+        self.capacity.release(reserved - len(entries))
+        if entries:
+            n = len(entries)
+            log.warning("%s from %s", what.format(f"{n} entr{'y' if n == 1 else 'ies'}"), stream)
+            await asyncio.shield(self._start(entries))
+        if bad:
+            await self._drop_unusable(bad)
+        if nil:
+            await self._resolve_deleted(stream)
+        return len(entries), len(entries) + len(bad) + nil
 
     async def _idle_entries(self, min_idle_ms: int) -> list[tuple[str, int | None]]:
         """(stream, how many of its entries are idle past ``min_idle_ms``, None for at least a

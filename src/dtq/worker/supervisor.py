@@ -14,9 +14,11 @@ run them and they need not wait out the visibility timeout. Each is a crash rede
 start.lua (attempt + 1), so a handler that kills its process every time ends DEAD_LETTERED
 with WorkerLost after max_attempts: it never loops. Restart policy:
 
-- a child that died after it was ready (it signals readiness over a pipe once its loops run)
-  is replaced at once, unless its slot has lost more than ``QUICK_DEATHS`` ready children in
-  the last ``QUICK_WINDOW_S`` seconds: then the slot waits ``QUICK_BACKOFF_S``;
+- a child that died after it was ready (it signals readiness over a pipe once it is
+  connected and set up, before it takes over its predecessors' entries, so one that a pill
+  among those kills counts as ready) is replaced at once, unless its slot has lost more than
+  ``QUICK_DEATHS`` ready children in the last ``QUICK_WINDOW_S`` seconds: then the slot waits
+  ``QUICK_BACKOFF_S``;
 - a child that died before it was ready (Redis unreachable, a metrics port in use) is started
   again after a delay that doubles with each such death in a row (0.5 s up to 30 s).
 
@@ -53,6 +55,7 @@ KILL_MARGIN_S = 10.0
 QUICK_WINDOW_S = 10.0
 QUICK_DEATHS = 20
 QUICK_BACKOFF_S = 1.0
+ADOPT_MAX = 8  # dead worker ids of a slot whose entries its next child takes over
 CHILD_CRASHED = 70  # a child's exit code when its main raised (EX_SOFTWARE)
 
 ChildMain = Callable[[Settings, int, Sequence[str]], int]
@@ -71,7 +74,7 @@ class _Child:
     failures: int = 0  # deaths before readiness, in a row
     ready_deaths: list[float] = field(default_factory=list)
     restart_at: float = 0.0
-    adopt: list[str] = field(default_factory=list)  # dead predecessors not taken over yet
+    adopt: list[str] = field(default_factory=list)  # the slot's recent dead: its next child's
 
 
 def child_worker_id(settings: Settings, index: int) -> str:
@@ -147,7 +150,12 @@ def _check(
             return
         was_ready = child.ready
         lived = now - child.started
-        child.adopt.append(worker_id)  # harmless when it held nothing
+        # The next child takes over this one's entries and those of the slot's other recent
+        # dead (one may have died before it had claimed its predecessor's); an id that holds
+        # nothing costs one XPENDING per stream. The same id comes back when DTQ_WORKER_ID is set.
+        recent = child.adopt if lived < QUICK_WINDOW_S else []
+        others = [w for w in recent if w != worker_id][-(ADOPT_MAX - 1) :]
+        child.adopt = [*others, worker_id]
         if was_ready:
             child.failures = 0
             child.ready_deaths = [t for t in child.ready_deaths if now - t < QUICK_WINDOW_S]
@@ -215,8 +223,7 @@ def _fork(
 
 
 def _read_ready(child: _Child) -> bool:
-    """True once the child said it is ready (its loops run; it has taken over its
-    predecessors' entries, so they are done with)."""
+    """True once the child said it is ready (connected and set up)."""
     if not child.ready and child.ready_fd is not None:
         try:
             got = os.read(child.ready_fd, 16)
@@ -224,7 +231,6 @@ def _read_ready(child: _Child) -> bool:
             got = b""
         if got:
             child.ready = True
-            child.adopt.clear()
     return child.ready
 
 

@@ -133,7 +133,8 @@ class Worker:
             self.inflight,
             self._stopping,
         )
-        self.started = asyncio.Event()
+        self.started = asyncio.Event()  # the loops run
+        self.prepared = asyncio.Event()  # connected, scripts and groups ready, heartbeating
 
     # -- public control -------------------------------------------------------------------------
 
@@ -170,6 +171,7 @@ class Worker:
                 outage=self.outage,
             )
             await asyncio.to_thread(self._heartbeat.start)
+            self.prepared.set()
         except BaseException:
             await self.redis.aclose()
             raise
