@@ -33,7 +33,6 @@ SCRIPT_NAMES = (
     "claim_due",
     "promote",
     "expire",
-    "due_expiry",
     "cancel",
     "dlq_requeue",
     "dlq_discard",
@@ -62,11 +61,7 @@ class Scripts:
         self.source: dict[str, str] = {}
         self.sha: dict[str, str] = {}
         for name in SCRIPT_NAMES:
-            try:
-                body = _read(name)
-            except FileNotFoundError:
-                continue
-            src = lib + "\n" + body
+            src = lib + "\n" + _read(name)
             self.source[name] = src
             self.sha[name] = hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
         self._on_call = on_call

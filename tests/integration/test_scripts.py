@@ -32,8 +32,8 @@ def test_every_lua_file_is_a_known_script() -> None:
         for p in resources.files("dtq").joinpath("lua").iterdir()
         if p.name.endswith(".lua") and not p.name.startswith("_")
     }
-    assert files <= set(SCRIPT_NAMES), (
-        f"not in SCRIPT_NAMES, never loaded: {files - set(SCRIPT_NAMES)}"
+    assert files == set(SCRIPT_NAMES), (
+        f"never loaded: {files - set(SCRIPT_NAMES)}; no file: {set(SCRIPT_NAMES) - files}"
     )
     scripts = Scripts()
     assert set(scripts.source) == files
