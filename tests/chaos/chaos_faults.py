@@ -271,8 +271,8 @@ async def sigstop(root: Path, scale: Scale) -> list[Report]:
         stop_watch = asyncio.Event()
         watch = asyncio.create_task(_watch_owners(run, held, stop_watch))
         await asyncio.sleep(3 * VISIBILITY_S)
+        t_cont = now_ns()  # before the signal: the zombie may run before os.kill returns
         zombie.proc.signal(signal.SIGCONT)
-        t_cont = now_ns()
         await asyncio.gather(loading, bursting)
         rep = await finish(run, "SIGSTOP zombie", load)
         stop_watch.set()
