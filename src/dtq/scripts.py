@@ -74,6 +74,11 @@ class Scripts:
 
     async def call(self, redis: Redis, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One script call, a plain EVALSHA (no pipeline); raises what the script raised."""
+        return await self._call_one(redis, name, keys, args)
+
+    async def _call_one(
+        self, redis: Redis, name: str, keys: Sequence[str], args: Sequence[Any]
+    ) -> Any:
         sha = self.sha[name]
         # The class's execute_command, not the instance's: a per-command metrics hook
         # (dtq.metrics.count_commands) must not count a script call twice, as in a pipeline the
@@ -96,9 +101,16 @@ class Scripts:
         return result
 
     async def call_many(self, redis: Redis, calls: Sequence[Call]) -> list[Any]:
-        """All calls in one pipeline. Each result is the reply or the exception for that call."""
+        """All calls in one round trip. Each result is the reply or the exception for that
+        call. A lone call is a plain EVALSHA (an idle worker's wake-up, a single submit or
+        finish): no pipeline machinery on its way."""
         if not calls:
             return []
+        if len(calls) == 1:
+            try:
+                return [await self._call_one(redis, *calls[0])]
+            except ResponseError as exc:  # the script's error, for that call alone
+                return [exc]
         results = await self._send(redis, calls)
         missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
         if missing:

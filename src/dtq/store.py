@@ -194,10 +194,7 @@ class Store:
             return []
         ids = [new_id() for _ in reqs]
         calls = self.submit_calls(reqs, ids)
-        if len(calls) == 1:
-            chunks = [await self.scripts.call(self.redis, *calls[0])]
-        else:
-            chunks = await self.scripts.call_many(self.redis, calls)
+        chunks = await self.scripts.call_many(self.redis, calls)
         replies: builtins.list[Any] = []
         for chunk in chunks:
             if isinstance(chunk, Exception):

@@ -14,13 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from dtq import keys
 from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.log import bind as bind_log_fields
-from dtq.scripts import Call, Scripts
+from dtq.scripts import Scripts
 from dtq.worker.executor import Execution, Finisher, ThreadRunner, run_handler
 from dtq.worker.intake import Capacity
 from dtq.worker.observer import WorkerObserver
@@ -81,7 +80,7 @@ class Dispatcher:
             return
         calls = [start_call(e, self.worker_id, self.settings) for e in todo]
         try:
-            replies = await self._call_starts(calls)
+            replies = await self.scripts.call_many(self.redis, calls)
         except BaseException:
             self.capacity.release(len(todo))  # entries stay pending: the reaper redelivers them
             raise
@@ -98,16 +97,6 @@ class Dispatcher:
                 self.capacity.release()
                 continue
             self._launch(entry, start)
-
-    async def _call_starts(self, calls: Sequence[Call]) -> list[Any]:
-        """The start scripts of one read: one pipeline, or a plain EVALSHA for a lone entry
-        (an idle worker's wake-up: no pipeline machinery on the way to start)."""
-        if len(calls) > 1:
-            return await self.scripts.call_many(self.redis, calls)
-        try:
-            return [await self.scripts.call(self.redis, *calls[0])]
-        except ResponseError as exc:  # the script's error, for that entry alone
-            return [exc]
 
     def _skipped(self, entry: Entry, start: StartReply) -> None:
         level = logging.WARNING if start.kind in {"duplicate", "dead", "fenced"} else logging.INFO
