@@ -8,6 +8,13 @@ import asyncio
 from dtq.worker.intake import Capacity
 
 
+async def settle() -> None:
+    """Let every task run until it waits: a reservation's wait is a task of its own, which
+    needs loop turns of its own to start waiting."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
 async def test_a_freed_slot_goes_to_the_urgent_waiter_first() -> None:
     cap = Capacity(2)
     stopping = asyncio.Event()
@@ -19,9 +26,9 @@ async def test_a_freed_slot_goes_to_the_urgent_waiter_first() -> None:
         order.append(f"{name}:{n}")
 
     poll = asyncio.create_task(reserve("poll", False))  # waits first
-    await asyncio.sleep(0)
+    await settle()
     reaper = asyncio.create_task(reserve("reaper", True))
-    await asyncio.sleep(0)
+    await settle()
     cap.release(1)
     await asyncio.wait_for(reaper, 1)
     assert order == ["reaper:1"] and not poll.done() and cap.free == 0
