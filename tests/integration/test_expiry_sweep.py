@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from scheduler_support import Events, running, wait_until
+from test_worker_support import past_deadline
 
 from dtq import Queue, TaskStatus, keys
 from dtq.admin import sweep_due
@@ -24,12 +25,7 @@ UNSERVED = "nobody-serves-this"
 
 async def past(queue: Queue, r: Redis, tasks: list[Task]) -> int:
     """Wait until every deadline of ``tasks`` has passed on the Redis clock; returns now (ms)."""
-    last = max(t.expires_at for t in tasks if t.expires_at is not None)
-
-    async def passed() -> bool:
-        return await queue.now() > last
-
-    await wait_until(passed)
+    await past_deadline(queue, max(t.expires_at for t in tasks if t.expires_at is not None))
     return await redis_time_ms(r)
 
 
@@ -127,7 +123,9 @@ async def test_a_backlog_is_swept_at_the_sweep_rate_over_ticks_without_pause(
     ]
     await past(queue, r, tasks)
     ticks: list[TickResult] = []
-    scheduler = Scheduler(queue.store, settings, "worker-sweeper1")
+    # A pause between ticks would be 5 s: the 4 s deadline below sees one.
+    slow_ticks = settings.model_copy(update={"scheduler_interval_s": 5})
+    scheduler = Scheduler(queue.store, slow_ticks, "worker-sweeper1")
     first = await scheduler.tick()
     assert first.swept and 0 < len(first.expired) <= 200
 
@@ -140,7 +138,7 @@ async def test_a_backlog_is_swept_at_the_sweep_rate_over_ticks_without_pause(
         async def swept() -> bool:
             return await r.zcard(keys.EXPIRY) == 0
 
-        await wait_until(swept, 10)
+        await wait_until(swept, 4)
     assert all(len(part.expired) <= 100 for part in ticks)  # one call of on_tick per batch
     assert len(first.expired) + sum(len(p.expired) for p in ticks) == n
     statuses: dict[Any, int] = {}
