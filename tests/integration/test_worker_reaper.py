@@ -14,6 +14,7 @@ from test_worker_support import (
     read_as,
     running_worker,
     start_as,
+    stream_empty,
     wait_status,
     wait_until,
 )
@@ -56,8 +57,9 @@ async def test_fully_busy_worker_reclaims_dead_entries_on_its_first_pass(
 ) -> None:
     """A dead worker left two entries: one read and never started, one started (crashed in its
     handler). Another worker, every slot taken under a steady backlog, runs one reaper pass
-    once they are idle past the visibility timeout: the pass starts both, on the next slots
-    to free, while fresh entries still wait, and never more than its concurrency at once."""
+    once they are idle past the visibility timeout: the pass claims both and starts them
+    while fresh entries still wait, never more than its concurrency at once. (That the next
+    slots to free go to the reclaimed entries first is tests/unit/test_capacity.py's.)"""
     read_only = await queue.submit("wt_load", {"s": 0})
     crashed = await queue.submit("wt_load", {"s": 0})
     await read_as(r, DEAD)
@@ -76,7 +78,7 @@ async def test_fully_busy_worker_reclaims_dead_entries_on_its_first_pass(
         assert await w.reap_once() == 2
         assert await _pending_of(r, DEAD) == []
         waiting = await r.xlen(STREAM) - len(await _pending_of(r, w.worker_id))
-        assert waiting > 0  # fresh entries were still queued: the dead ones went first
+        assert waiting > 0  # fresh entries were still queued at the pass: a busy worker
         first = await wait_status(r, read_only.task_id, "succeeded")
         second = await wait_status(r, crashed.task_id, "succeeded")
     assert (first["attempt"], first["worker_id"]) == ("1", w.worker_id)
@@ -96,13 +98,9 @@ async def test_reaper_pass_with_nothing_idle_takes_no_slot(
     async with running_worker(s, handlers(wt_load=load), concurrency=2) as w:
         await wait_until(lambda: _has_pending(r, w.worker_id, 2), 10, "worker busy")
         assert await w.reap_once() == 0
-        await wait_until(lambda: _stream_len(r, 0), 20, "all 40 done")
+        await wait_until(lambda: stream_empty(r, STREAM), 20, "all 40 done")
     assert len(load.started) == 40 and load.most == 2
 
 
 async def _has_pending(r: Redis, consumer: str, n: int) -> bool:
     return len(await _pending_of(r, consumer)) == n
-
-
-async def _stream_len(r: Redis, n: int) -> bool:
-    return await r.xlen(STREAM) == n
