@@ -378,7 +378,7 @@ async def poison(
         await load.via_sdk(c.url, specs, rate=None)
         rep = await finish(run, "poison pills", load)
         deaths = [int(pid) for pid in CHILD_EXITED.findall(sup.proc.output())]
-        rep.require(sup.proc.alive(), "the supervisor survived its children")
+        rep.require(sup.proc.alive(), "the supervisor exited with its children")
     kind_of = {s.seq: s.task_type for s in specs}
     pill_ids = {tid for tid, v in rep.views.items() if kind_of.get(v.seq or -1) in PILLS}
     rep.require_zero("lost", rep.lost)

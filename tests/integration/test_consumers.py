@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,7 +21,6 @@ from test_worker_support import (
     wait_status,
     wait_until,
     wait_worker_ready,
-    write_task_module,
 )
 
 from dtq import Queue, keys
@@ -96,9 +94,7 @@ async def test_a_consumer_holding_an_entry_is_never_deleted(r: Redis, queue: Que
     assert await scripts.call(r, *drop_call(keys.stream("nowhere", 5), names)) == []
 
 
-async def test_the_leader_pass_spares_live_workers_and_held_entries(
-    r: Redis, queue: Queue, settings: Settings
-) -> None:
+async def test_the_leader_pass_spares_live_workers_and_held_entries(r: Redis, queue: Queue) -> None:
     await queue.submit("echo_task", {})
     await read_as(r, "worker-deadheld")  # dead (no hash), holds an entry
     for name in ("worker-deadidle", "worker-liveidle"):
@@ -181,21 +177,6 @@ async def test_an_entry_left_by_the_drain_keeps_its_consumer_until_a_peer_has_it
 # -- killed worker processes ------------------------------------------------------------------
 
 
-@pytest.fixture
-async def spawn(tmp_path: Path, redis_url: str) -> AsyncIterator[Callable[..., WorkerProcess]]:
-    write_task_module(tmp_path)
-    started: list[WorkerProcess] = []
-
-    def make(worker_id: str, *args: str) -> WorkerProcess:
-        proc = WorkerProcess(redis_url, tmp_path, worker_id=worker_id, args=args)
-        started.append(proc)
-        return proc
-
-    yield make
-    for proc in started:
-        proc.stop()
-
-
 async def holder(r: Redis, stream: str) -> str | None:
     rows = await r.xpending_range(stream, keys.CONSUMER_GROUP, "-", "+", 1)
     return str(rows[0]["consumer"]) if rows else None
@@ -203,7 +184,7 @@ async def holder(r: Redis, stream: str) -> str | None:
 
 @pytest.mark.slow
 async def test_killed_workers_consumers_go_once_their_entries_are_reclaimed(
-    spawn: Callable[..., WorkerProcess], r: Redis, queue: Queue, settings: Settings
+    spawn: Callable[..., WorkerProcess], r: Redis, queue: Queue
 ) -> None:
     """Two workers SIGKILLed while each runs a task: their consumers stay while they hold the
     entries, a peer reclaims and runs both, then its leader pass deletes the dead consumers; what

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,27 +18,11 @@ from test_worker_support import (
     wait_status,
     wait_until,
     wait_worker_ready,
-    write_task_module,
 )
 
 from dtq import Queue, keys
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-async def spawn(tmp_path: Path, redis_url: str) -> AsyncIterator[Callable[..., WorkerProcess]]:
-    write_task_module(tmp_path)
-    started: list[WorkerProcess] = []
-
-    def make(worker_id: str | None = None, *args: str, **env: Any) -> WorkerProcess:
-        proc = WorkerProcess(redis_url, tmp_path, worker_id=worker_id, args=args, env=env)
-        started.append(proc)
-        return proc
-
-    yield make
-    for proc in started:
-        proc.stop()
 
 
 async def started_by(r: Redis, task_id: str, attempt: int, worker_id: str) -> bool:

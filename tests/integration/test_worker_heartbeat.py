@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,7 +22,6 @@ from test_worker_support import (
     wait_status,
     wait_until,
     wait_worker_ready,
-    write_task_module,
 )
 
 from dtq import Queue, keys
@@ -147,21 +145,6 @@ async def test_long_task_keeps_its_lease_past_the_visibility_timeout(
             h = await wait_status(r, task.task_id, "succeeded", timeout_s=10)
     assert runs == [(a.worker_id, 1)]
     assert h["attempt"] == "1"
-
-
-@pytest.fixture
-async def spawn(tmp_path: Path, redis_url: str) -> AsyncIterator[Callable[..., WorkerProcess]]:
-    write_task_module(tmp_path)
-    started: list[WorkerProcess] = []
-
-    def make(worker_id: str, **env: Any) -> WorkerProcess:
-        proc = WorkerProcess(redis_url, tmp_path, worker_id=worker_id, env=env)
-        started.append(proc)
-        return proc
-
-    yield make
-    for proc in started:
-        proc.stop()
 
 
 @pytest.mark.slow
