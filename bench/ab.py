@@ -28,22 +28,12 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from bench.harness import NOOP_TASK, Env, iso_ms, live_entries, statuses, wait_until
-from bench.profile import redis_cpu_s
-from bench.workers import find_worker, spawn_worker
+from bench.profile import process_cpu_s, redis_cpu_s
+from bench.workers import WorkerCli, find_worker, spawn_worker
 from dtq import keys
 from dtq.devserver import start_redis
 
-TICK_S = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> tuple[float, float]:
-    """(user + system, system) CPU seconds of a process, 0 once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0, 0.0
-    user, system = int(fields[11]) / TICK_S, int(fields[12]) / TICK_S
-    return user + system, system
+SETTLE_POLL_S = 0.2  # the workers' start-up work is over once their CPU time stands still
 
 
 async def ready_pids(r: Redis, want: int) -> list[int]:
@@ -56,8 +46,29 @@ async def ready_pids(r: Redis, want: int) -> list[int]:
     return pids if len(pids) >= want else []
 
 
+async def settled(pids: list[int]) -> None:
+    """Wait (at most 10 s) until the workers' CPU time stands still for ``SETTLE_POLL_S``:
+    their imports and set-up must not count as the drain's."""
+    last = [process_cpu_s(p)[0] for p in pids]
+
+    async def still() -> bool:
+        nonlocal last
+        await asyncio.sleep(SETTLE_POLL_S)
+        now = [process_cpu_s(p)[0] for p in pids]
+        same, last = now == last, now
+        return same
+
+    await wait_until(still, 10, interval_s=0)
+
+
 async def drain_once(
-    env: Env, redis_pid: int, src: str, n: int, concurrency: int, processes: int
+    env: Env,
+    cli: WorkerCli,
+    redis_pid: int,
+    src: str,
+    n: int,
+    concurrency: int,
+    processes: int,
 ) -> dict[str, float]:
     await env.flush()
     r = await env.redis()
@@ -66,9 +77,6 @@ async def drain_once(
         await r.set(keys.queue_paused("default"), "1")
         ids = await env.fill(q, n, NOOP_TASK)
         os.environ["PYTHONPATH"] = src  # the workers' dtq (bench.workers keeps the root first)
-        cli = find_worker()
-        if isinstance(cli, str):
-            raise SystemExit(f"no worker: {cli}")
         spawn_worker(env, cli, concurrency=concurrency, processes=processes)
         pids: list[int] = []
 
@@ -79,8 +87,8 @@ async def drain_once(
 
         if not await wait_until(ready, 60, interval_s=0.05):
             raise RuntimeError("the workers did not get ready within 60 s")
-        await asyncio.sleep(0.5)  # past their start-up work
-        w0 = [cpu_s(p) for p in pids]
+        await settled(pids)
+        w0 = [process_cpu_s(p) for p in pids]
         r0 = redis_cpu_s(redis_pid)
         await r.delete(keys.queue_paused("default"))
 
@@ -89,7 +97,7 @@ async def drain_once(
 
         if not await wait_until(drained, 600, interval_s=0.05):
             raise RuntimeError("not drained within 600 s")
-        w1 = [cpu_s(p) for p in pids]
+        w1 = [process_cpu_s(p) for p in pids]
         r1 = redis_cpu_s(redis_pid)
         rows = await statuses(r, ids, "status", "finished_at")
         done = [iso_ms(fin) for st, fin in rows if st == "succeeded" and fin]
@@ -117,11 +125,14 @@ async def run(args: argparse.Namespace) -> None:
     server = start_redis(work / "redis")
     env = Env(redis_url=server.url, quick=False, work_dir=work, concurrency=args.concurrency)
     results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
+    cli = find_worker()  # this checkout's command line; each variant's dtq via PYTHONPATH
+    if isinstance(cli, str):
+        raise SystemExit(f"no worker: {cli}")
     try:
         for i in range(args.rounds):
             for name, src in variants if i % 2 == 0 else variants[::-1]:
                 got = await drain_once(
-                    env, server.pid, src, args.n, args.concurrency, args.processes
+                    env, cli, server.pid, src, args.n, args.concurrency, args.processes
                 )
                 results[name].append(got)
                 print(f"round {i + 1} {name}: {_line(got)}", flush=True)

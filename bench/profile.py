@@ -35,9 +35,19 @@ from dtq.devserver import start_redis
 MODES = ("submit-single", "submit-concurrent", "submit-many", "drain")
 
 
+def process_cpu_s(pid: int) -> tuple[float, float]:
+    """(user + system, system) CPU seconds of a process, 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    user, system = int(fields[11]) / tick, int(fields[12]) / tick
+    return user + system, system
+
+
 def redis_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return process_cpu_s(pid)[0]
 
 
 async def _submit(q: Queue, mode: str, n: int) -> None:
