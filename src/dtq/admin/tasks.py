@@ -165,16 +165,14 @@ async def sweep_due(
     expired: dict[str, tuple[str, str]] = {}
     todo: list[tuple[str, Where | None]] = [(tid, None) for tid in due]
     while todo:
-        calls = [
-            _expire_call(store, todo[i : i + per_call], "sweep", None)
-            for i in range(0, len(todo), per_call)
-        ]
+        chunks = [todo[i : i + per_call] for i in range(0, len(todo), per_call)]
+        calls = [_expire_call(store, chunk, "sweep", None) for chunk in chunks]
         todo = []
         replies = await store.scripts.call_many(store.redis, calls)
-        for call, reply in zip(calls, replies, strict=True):
+        for chunk, reply in zip(chunks, replies, strict=True):
             if isinstance(reply, Exception):
                 raise reply
-            for task_id, one in zip(call[2][6::3], reply, strict=True):
+            for (task_id, _), one in zip(chunk, reply, strict=True):
                 if one[0] == "expired":
                     expired[str(task_id)] = (str(one[2]), str(one[3]))
                 elif one[0] == "keys":
