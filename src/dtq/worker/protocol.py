@@ -102,19 +102,19 @@ class ReadReply:
 
 class ReadPlan:
     """The KEYS and ARGV of read.lua for one worker's queues, built once: the paused flags,
-    then every stream p9 first across the queues (strict priority, contract section 6)."""
+    then every stream p9 first across the queues (strict priority, contract section 6). The
+    script relies on that order: stream k (from 1) is queue ``(k - 1) % m + 1``'s, m queues."""
 
     def __init__(self, queues: Sequence[str], worker_id: str) -> None:
         self.queues = list(queues)
         self.streams = [keys.stream(q, p) for p in keys.PRIORITIES for q in self.queues]
         self.keys = [*(keys.queue_paused(q) for q in self.queues), *self.streams]
-        queue_of = [str(1 + i % len(self.queues)) for i in range(len(self.streams))]
         self._head: list[str] = [keys.CONSUMER_GROUP, worker_id]
-        self._tail: list[str] = [str(len(self.queues)), *queue_of]
+        self._m = str(len(self.queues))
 
     def call(self, count: int) -> Call:
         """Read at most ``count`` entries (the slots the caller reserved)."""
-        return ("read", self.keys, [*self._head, count, *self._tail])
+        return ("read", self.keys, [*self._head, count, self._m])
 
     def parse(self, reply: Sequence[Any]) -> ReadReply:
         got, nogroup, paused, since = reply
