@@ -46,12 +46,6 @@ class Entry:
     timeout_ms: int
 
     @classmethod
-    def from_flat(cls, stream: str, entry_id: str, flat: Sequence[str]) -> Entry | None:
-        """The entry from a script's reply, whose fields are ``[field, value, ...]``."""
-        it = iter(flat)
-        return cls.parse(stream, entry_id, dict(zip(it, it, strict=False)))
-
-    @classmethod
     def parse(cls, stream: str, entry_id: str, fields: Mapping[str, str] | None) -> Entry | None:
         """The entry, or None when its fields are missing or malformed (a foreign write)."""
         if not fields or not fields.get("task_id"):
@@ -89,6 +83,12 @@ def parse_read(
     return entries, bad
 
 
+def _flat_fields(flat: Sequence[str] | None) -> dict[str, str]:
+    """An entry's fields as a script replies them, ``[field, value, ...]``, as a mapping."""
+    it = iter(flat or ())
+    return dict(zip(it, it, strict=False))
+
+
 @dataclass(frozen=True)
 class ReadReply:
     """read.lua's answer: what was read, and what the poll loop does next when nothing was."""
@@ -118,16 +118,13 @@ class ReadPlan:
 
     def parse(self, reply: Sequence[Any]) -> ReadReply:
         got, nogroup, paused, since = reply
-        entries: list[Entry] = []
-        bad: list[tuple[str, str]] = []
-        for i in range(0, len(got), 2):
-            stream = self.streams[int(got[i]) - 1]
-            for entry_id, flat in got[i + 1]:
-                entry = Entry.from_flat(stream, entry_id, flat or ())
-                if entry is None:
-                    bad.append((stream, entry_id))
-                else:
-                    entries.append(entry)
+        # {k, items, ...} with flat fields, reshaped as redis-py gives XREADGROUP for parse_read.
+        entries, bad = parse_read(
+            [
+                (self.streams[int(got[i]) - 1], [(eid, _flat_fields(f)) for eid, f in got[i + 1]])
+                for i in range(0, len(got), 2)
+            ]
+        )
         return ReadReply(
             entries,
             bad,
