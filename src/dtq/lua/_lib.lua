@@ -27,8 +27,17 @@ local function iso(ms)
     math.floor(sod / 3600), math.floor(sod % 3600 / 60), sod % 60, ms % 1000)
 end
 
--- Append one state change to the task's history (DESIGN 7): capped at 100, same TTL as the hash.
--- RPUSH returns the new length: a list of 100 or fewer needs no LTRIM (the common case).
+-- Append already-encoded JSON entries (one or more, in order) to a task's history (DESIGN 7):
+-- capped at 100, same TTL as the hash. RPUSH returns the new length: a list of 100 or fewer
+-- needs no LTRIM (the common case).
+local function hist_push(key, retention_s, ...)
+  if redis.call('RPUSH', key, ...) > 100 then
+    redis.call('LTRIM', key, -100, -1)
+  end
+  redis.call('EXPIRE', key, retention_s)
+end
+
+-- Append one state change to the task's history, as a table encoded here (see hist_push).
 local function hist(key, retention_s, ts, from, to, attempt, worker, reason, extra)
   local e = extra or {}
   e.ts = ts
@@ -37,10 +46,7 @@ local function hist(key, retention_s, ts, from, to, attempt, worker, reason, ext
   e.attempt = tonumber(attempt) or 0
   if worker and worker ~= '' then e.worker_id = worker end
   if reason and reason ~= '' then e.reason = reason end
-  if redis.call('RPUSH', key, cjson.encode(e)) > 100 then
-    redis.call('LTRIM', key, -100, -1)
-  end
-  redis.call('EXPIRE', key, retention_s)
+  hist_push(key, retention_s, cjson.encode(e))
 end
 
 -- Publish one event of contract section 8 on the events channel.

@@ -69,15 +69,12 @@ for i = 1, (#ARGV - 6) / 3 do
     local from = status == 'retrying' and 'queued' or status
     local last = '{"ts":"' .. ts .. '","from":"' .. from .. '","to":"expired","attempt":' ..
       attempt .. hist_tail .. ',"expired_at":"' .. ts .. '"}'
-    local len
     if status == 'retrying' then
-      len = call('RPUSH', hkey, '{"ts":"' .. ts .. '","from":"retrying","to":"queued","attempt":'
-        .. attempt .. hist_tail .. '}', last)
+      hist_push(hkey, retention, '{"ts":"' .. ts .. '","from":"retrying","to":"queued",' ..
+        '"attempt":' .. attempt .. hist_tail .. '}', last)
     else
-      len = call('RPUSH', hkey, last)
+      hist_push(hkey, retention, last)
     end
-    if len > 100 then call('LTRIM', hkey, -100, -1) end  -- the history's cap (DESIGN 7)
-    call('EXPIRE', hkey, retention)
     call('HSET', tkey, 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
     keep(tkey, pkey, retention)
     call('ZREM', KEYS[1], task_id)

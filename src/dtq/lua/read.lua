@@ -8,9 +8,11 @@
 -- BLOCK from it consumes nothing and wakes on any entry added after this script.
 --
 -- KEYS[1..m]       = dtq:queue:<queue>:paused of each served queue
--- KEYS[m+1..m+n]   = dtq:stream:<queue>:p<N>, the served streams in the order to read them
+-- KEYS[m+1..m+n]   = dtq:stream:<queue>:p<N>, the served streams in the order to read them:
+--                    priority-major (p9 of queues 1..m, then p8 of queues 1..m, ...), so the
+--                    k-th stream is queue (k - 1) % m + 1's (ReadPlan in dtq/worker/protocol.py)
 -- ARGV[1] consumer group  [2] consumer (worker id)  [3] count: entries to read at most (>= 1)
--- ARGV[4] m (the number of queues)  ARGV[4 + k] = the queue (1..m) of the k-th stream
+-- ARGV[4] m (the number of queues)
 -- Returns {entries, nogroup, paused, since}:
 --   entries  {k, items, k', items', ...}: the k-th stream's entries as XREADGROUP gives them
 --            ({{id, {field, value, ...}}, ...}), streams in reading order
@@ -32,7 +34,7 @@ end
 local entries, nogroup, served = {}, {}, {}
 for k = 1, #KEYS - m do
   if left <= 0 then break end
-  if not is_paused[tonumber(ARGV[4 + k])] then
+  if not is_paused[(k - 1) % m + 1] then
     served[#served + 1] = k
     local r = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', left,
       'STREAMS', KEYS[m + k], '>')

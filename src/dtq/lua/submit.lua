@@ -51,27 +51,29 @@ local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local now = math.floor(now_us / 1000)
 local ts = iso(now)
 
--- Per queue of the batch: the length of each stream (band 0 = p9 .. 9 = p0), read at its first
--- task, its depth, whether each stream is known to exist, and whether it is in dtq:queues.
-local lens, depth, exists, listed = {}, {}, {}, {}
+-- Per queue of the batch: its depth (the XLENs of its streams, band 0 = p9 .. 9 = p0, read at
+-- its first task), which of its streams are known to exist, and whether it is in dtq:queues.
+-- A stream with entries at that XLEN exists (nothing in this script deletes a stream); the
+-- others are learned by ensure_groups.
+local depth, exists, listed = {}, {}, {}
 
 local function queue_state(q)
   if depth[q] == nil then
-    local l, d, base = {}, 0, 5 + 10 * q
+    local known, d, base = {}, 0, 5 + 10 * q
     for band = 0, 9 do
       local x = call('XLEN', KEYS[base + band])
-      l[band] = x
+      if x > 0 then known[band] = true end
       d = d + x
     end
-    lens[q], depth[q], exists[q] = l, d, {}
+    depth[q], exists[q] = d, known
   end
 end
 
 -- A new stream: ensure the group on all ten streams of the queue (issue 2), so that a worker's
--- XREADGROUP over p9..p0 never meets a stream without it (NOGROUP). A stream with entries exists.
+-- XREADGROUP over p9..p0 never meets a stream without it (NOGROUP).
 local function ensure_groups(q, band)
   local known = exists[q]
-  if known[band] or lens[q][band] > 0 then return end
+  if known[band] then return end
   local base = 5 + 10 * q
   if call('EXISTS', KEYS[base + band]) == 0 then
     for b = 0, 9 do
@@ -128,34 +130,25 @@ local function submit_one(a, k)
   local ev_tail = '","task_id":"' .. task_id .. '","queue":"' .. queue .. '","task_type":"' ..
     task_type .. '","attempt":0,"worker_id":null'
 
-  local entry_id = ''
+  -- The hash's fields after those every task has: expired_at (expired), entry_id (queued).
+  local entry_id, tail = '', {}
   if expired then
-    call('HSET', khash, 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
-      'created_at', ts, 'created_ms', now, 'available_at', avail, 'updated_at', ts,
-      'attempt', 0, 'max_attempts', max_attempts, 'priority', prio_s, 'timeout_ms', timeout_ms,
-      'status', status, 'queue', queue, 'metadata', meta, 'expires_at', exp_iso,
-      'expires_at_ms', exp_ms, 'expired_at', ts)
-  elseif delayed then
-    call('HSET', khash, 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
-      'created_at', ts, 'created_ms', now, 'available_at', avail, 'updated_at', ts,
-      'attempt', 0, 'max_attempts', max_attempts, 'priority', prio_s, 'timeout_ms', timeout_ms,
-      'status', status, 'queue', queue, 'metadata', meta, 'expires_at', exp_iso,
-      'expires_at_ms', exp_ms or '')
-  else
+    tail = {'expired_at', ts}
+  elseif not delayed then
     -- The stream entry first, so that the hash is written once, entry id included.
     local band = 9 - tonumber(prio_s)
     ensure_groups(q, band)
     entry_id = call('XADD', KEYS[5 + 10 * q + band], '*', 'task_id', task_id, 'queue', queue,
       'task_type', task_type, 'payload', payload, 'attempt', 1, 'max_attempts', max_attempts,
       'priority', prio_s, 'timeout_ms', timeout_ms, 'idempotency_key', idem)
-    lens[q][band] = lens[q][band] + 1
     depth[q] = depth[q] + 1
-    call('HSET', khash, 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
-      'created_at', ts, 'created_ms', now, 'available_at', avail, 'updated_at', ts,
-      'attempt', 0, 'max_attempts', max_attempts, 'priority', prio_s, 'timeout_ms', timeout_ms,
-      'status', status, 'queue', queue, 'metadata', meta, 'expires_at', exp_iso,
-      'expires_at_ms', exp_ms or '', 'entry_id', entry_id)
+    tail = {'entry_id', entry_id}
   end
+  call('HSET', khash, 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
+    'created_at', ts, 'created_ms', now, 'available_at', avail, 'updated_at', ts,
+    'attempt', 0, 'max_attempts', max_attempts, 'priority', prio_s, 'timeout_ms', timeout_ms,
+    'status', status, 'queue', queue, 'metadata', meta, 'expires_at', exp_iso,
+    'expires_at_ms', exp_ms or '', unpack(tail))
   -- A delayed task's retention starts when it is due: a task scheduled further out than
   -- DTQ_TASK_RETENTION_S must not lose its hash before it runs.
   local ttl = retention

@@ -46,12 +46,6 @@ class Entry:
     timeout_ms: int
 
     @classmethod
-    def from_flat(cls, stream: str, entry_id: str, flat: Sequence[str]) -> Entry | None:
-        """The entry from a script's reply, whose fields are ``[field, value, ...]``."""
-        it = iter(flat)
-        return cls.parse(stream, entry_id, dict(zip(it, it, strict=False)))
-
-    @classmethod
     def parse(cls, stream: str, entry_id: str, fields: Mapping[str, str] | None) -> Entry | None:
         """The entry, or None when its fields are missing or malformed (a foreign write)."""
         if not fields or not fields.get("task_id"):
@@ -89,6 +83,12 @@ def parse_read(
     return entries, bad
 
 
+def _flat_fields(flat: Sequence[str] | None) -> dict[str, str]:
+    """An entry's fields as a script replies them, ``[field, value, ...]``, as a mapping."""
+    it = iter(flat or ())
+    return dict(zip(it, it, strict=False))
+
+
 @dataclass(frozen=True)
 class ReadReply:
     """read.lua's answer: what was read, and what the poll loop does next when nothing was."""
@@ -102,32 +102,29 @@ class ReadReply:
 
 class ReadPlan:
     """The KEYS and ARGV of read.lua for one worker's queues, built once: the paused flags,
-    then every stream p9 first across the queues (strict priority, contract section 6)."""
+    then every stream p9 first across the queues (strict priority, contract section 6). The
+    script relies on that order: stream k (from 1) is queue ``(k - 1) % m + 1``'s, m queues."""
 
     def __init__(self, queues: Sequence[str], worker_id: str) -> None:
         self.queues = list(queues)
         self.streams = [keys.stream(q, p) for p in keys.PRIORITIES for q in self.queues]
         self.keys = [*(keys.queue_paused(q) for q in self.queues), *self.streams]
-        queue_of = [str(1 + i % len(self.queues)) for i in range(len(self.streams))]
         self._head: list[str] = [keys.CONSUMER_GROUP, worker_id]
-        self._tail: list[str] = [str(len(self.queues)), *queue_of]
+        self._m = str(len(self.queues))
 
     def call(self, count: int) -> Call:
         """Read at most ``count`` entries (the slots the caller reserved)."""
-        return ("read", self.keys, [*self._head, count, *self._tail])
+        return ("read", self.keys, [*self._head, count, self._m])
 
     def parse(self, reply: Sequence[Any]) -> ReadReply:
         got, nogroup, paused, since = reply
-        entries: list[Entry] = []
-        bad: list[tuple[str, str]] = []
-        for i in range(0, len(got), 2):
-            stream = self.streams[int(got[i]) - 1]
-            for entry_id, flat in got[i + 1]:
-                entry = Entry.from_flat(stream, entry_id, flat or ())
-                if entry is None:
-                    bad.append((stream, entry_id))
-                else:
-                    entries.append(entry)
+        # {k, items, ...} with flat fields, reshaped as redis-py gives XREADGROUP for parse_read.
+        entries, bad = parse_read(
+            [
+                (self.streams[int(got[i]) - 1], [(eid, _flat_fields(f)) for eid, f in got[i + 1]])
+                for i in range(0, len(got), 2)
+            ]
+        )
         return ReadReply(
             entries,
             bad,
