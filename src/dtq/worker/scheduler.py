@@ -50,7 +50,7 @@ from dtq.events import make_event
 from dtq.models import format_ts
 from dtq.scripts import Call
 from dtq.store import Store, new_id
-from dtq.worker.consumers import drop_dead, worker_alive
+from dtq.worker.consumers import drop_dead, heartbeat_ms, worker_alive, worker_states
 from dtq.worker.outage import TRANSIENT, RedisOutage
 
 __all__ = [
@@ -314,19 +314,15 @@ class Scheduler:
         members = [m for m in members if m != self.worker_id]  # this one is alive: it is here
         if not members:
             return
-        pipe = redis.pipeline(transaction=False)
-        for wid in members:
-            pipe.exists(keys.worker(wid))
-            pipe.hget(keys.worker(wid), "last_heartbeat_ms")
-        flat = await pipe.execute()
+        states = await worker_states(self.store, members)
         limit_ms = self._stale_limit_ms()
-        for wid, exists, beat in zip(members, flat[::2], flat[1::2], strict=True):
+        for wid, (exists, beat) in zip(members, states, strict=True):
             if worker_alive(exists, beat, now_ms, limit_ms):
                 continue  # alive (or starting: no heartbeat written yet, its hash TTL runs)
             # SREM first: of two schedulers that both saw it, only one publishes.
             if await redis.srem(keys.WORKERS, wid) != 1:
                 continue
-            beat_ms = _int_or_none(beat)
+            beat_ms = heartbeat_ms(beat)
             meta: dict[str, Any] = {"reason": "heartbeat_old" if exists else "hash_gone"}
             if beat_ms is not None:
                 meta["last_heartbeat"] = format_ts(beat_ms)
@@ -389,12 +385,3 @@ class Scheduler:
     def _transient(self, result: TickResult, phase: str, exc: BaseException) -> None:
         self.outage.failed(f"scheduler {phase}", exc)  # tried again at the next tick
         result.errors.append(phase)
-
-
-def _int_or_none(value: str | None) -> int | None:
-    if not value:
-        return None
-    try:
-        return int(float(value))
-    except ValueError:
-        return None
