@@ -78,13 +78,7 @@ class Capacity:
         try:
             while not stopping.is_set() and (self.free <= 0 or (self._urgent and not urgent)):
                 self._changed.clear()
-                stop = asyncio.ensure_future(stopping.wait())
-                freed = asyncio.ensure_future(self._changed.wait())
-                try:
-                    await asyncio.wait({stop, freed}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    stop.cancel()
-                    freed.cancel()
+                await _first(stopping, self._changed, None)
         finally:
             if urgent:
                 self._urgent -= 1
@@ -396,8 +390,8 @@ async def _wait(stopping: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stopping.wait(), seconds)
 
 
-async def _first(stopping: asyncio.Event, event: asyncio.Event, seconds: float) -> None:
-    """Wait until ``event`` or ``stopping`` is set, or ``seconds`` have passed."""
+async def _first(stopping: asyncio.Event, event: asyncio.Event, seconds: float | None) -> None:
+    """Wait until ``event`` or ``stopping`` is set, or ``seconds`` have passed (None: no limit)."""
     waits = {asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(event.wait())}
     try:
         await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
