@@ -43,20 +43,27 @@ async def drop_own(store: Store, worker_id: str, queues: Sequence[str]) -> list[
     replies = await store.scripts.call_many(
         store.redis, [drop_call(s, [worker_id]) for s in streams]
     )
+    # Where it was not deleted: does it hold an entry there? One pipeline of XPENDING, its
+    # replies walked with the scripts' in stream order (the first error met is the one raised).
+    unsure = [
+        s for s, r in zip(streams, replies, strict=True) if not isinstance(r, Exception) and not r
+    ]
+    pipe = store.redis.pipeline(transaction=False)
+    for stream in unsure:
+        pipe.xpending_range(stream, keys.CONSUMER_GROUP, "-", "+", 1, consumername=worker_id)
+    held = dict(zip(unsure, await pipe.execute(raise_on_error=False), strict=True))
     kept = []
     for stream, reply in zip(streams, replies, strict=True):
         if isinstance(reply, Exception):
             raise reply
-        if not reply and await _holds_entries(store, stream, worker_id):
+        if reply:
+            continue
+        rows = held[stream]
+        if isinstance(rows, Exception):
+            raise rows
+        if rows:
             kept.append(stream)
     return kept
-
-
-async def _holds_entries(store: Store, stream: str, consumer: str) -> bool:
-    rows = await store.redis.xpending_range(
-        stream, keys.CONSUMER_GROUP, "-", "+", 1, consumername=consumer
-    )
-    return bool(rows)
 
 
 def heartbeat_ms(value: str | None) -> int | None:

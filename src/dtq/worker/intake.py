@@ -276,32 +276,33 @@ class Intake:
         at once instead of after the visibility timeout: nothing can still be running them.
         Each is a crash redelivery for start.lua (attempt + 1). Only free slots are used; what
         does not fit is left to the reaper. Returns how many were started."""
+        pairs = [(stream, consumer) for stream in self.active_streams() for consumer in consumers]
+        pipe = self.redis.pipeline(transaction=False)
+        for stream, consumer in pairs:
+            pipe.xpending_range(
+                stream, keys.CONSUMER_GROUP, "-", "+", READ_BATCH, consumername=consumer
+            )
         started = 0
-        for stream in self.active_streams():
-            for consumer in consumers:
-                try:
-                    rows = await self.redis.xpending_range(
-                        stream, keys.CONSUMER_GROUP, "-", "+", READ_BATCH, consumername=consumer
-                    )
-                except ResponseError as exc:
-                    if "NOGROUP" not in str(exc):
-                        raise
-                    continue  # no group: nothing was delivered from this stream
-                n = self.capacity.take(len(rows))
-                if n == 0:
-                    continue
-                ids: list[str | bytes | int | memoryview[int]] = [
-                    str(row["message_id"]) for row in rows[:n]
-                ]
-                try:
-                    items = await self.redis.xclaim(
-                        stream, keys.CONSUMER_GROUP, self.worker_id, 0, ids
-                    )
-                except BaseException:
-                    self.capacity.release(n)
-                    raise
-                what = f"taking over {{}} of {consumer} (its process exited)"
-                started += (await self._start_claimed(stream, items, n, what))[0]
+        for (stream, consumer), rows in zip(
+            pairs, await pipe.execute(raise_on_error=False), strict=True
+        ):
+            if isinstance(rows, ResponseError):
+                if "NOGROUP" not in str(rows):
+                    raise rows
+                continue  # no group: nothing was delivered from this stream
+            n = self.capacity.take(len(rows))
+            if n == 0:
+                continue
+            ids: list[str | bytes | int | memoryview[int]] = [
+                str(row["message_id"]) for row in rows[:n]
+            ]
+            try:
+                items = await self.redis.xclaim(stream, keys.CONSUMER_GROUP, self.worker_id, 0, ids)
+            except BaseException:
+                self.capacity.release(n)
+                raise
+            what = f"taking over {{}} of {consumer} (its process exited)"
+            started += (await self._start_claimed(stream, items, n, what))[0]
         return started
 
     async def _start_claimed(
