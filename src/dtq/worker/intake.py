@@ -137,10 +137,10 @@ class Intake:
 
     # -- poll -----------------------------------------------------------------------------------
 
-    async def poll(self, stopping: asyncio.Event) -> None:
+    async def poll(self) -> None:
         """Read, start, repeat; wait when there is nothing to read; return once stopping."""
-        while not stopping.is_set():
-            n = await self.capacity.reserve(READ_BATCH, stopping)
+        while not self._stopping.is_set():
+            n = await self.capacity.reserve(READ_BATCH, self._stopping)
             if n == 0:
                 return
             try:
@@ -159,10 +159,10 @@ class Intake:
                     await self.store.ensure_groups(queue)
             elif not got.since:  # a blocking read that timed out, or every queue paused
                 if got.paused.issuperset(self.queues):
-                    await _wait(stopping, PAUSE_REFRESH_S)
+                    await _wait(self._stopping, PAUSE_REFRESH_S)
             elif self._blocking:  # another loop watches the streams
                 self._found.clear()
-                await _first(stopping, self._found, BLOCK_MS / 1000)
+                await _first(self._stopping, self._found, BLOCK_MS / 1000)
             else:  # too few slots to read every stream blocking: only watch them
                 self._blocking = True
                 try:
@@ -220,10 +220,10 @@ class Intake:
 
     # -- reaper ---------------------------------------------------------------------------------
 
-    async def reap(self, stopping: asyncio.Event, interval_s: Callable[[], float]) -> None:
-        while not stopping.is_set():
-            await _wait(stopping, interval_s())
-            if stopping.is_set():
+    async def reap(self, interval_s: Callable[[], float]) -> None:
+        while not self._stopping.is_set():
+            await _wait(self._stopping, interval_s())
+            if self._stopping.is_set():
                 return
             await self.reap_once()
 
