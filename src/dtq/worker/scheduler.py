@@ -95,7 +95,6 @@ class TickResult:
     skipped: list[str] = field(default_factory=list)  # claimed but no longer promotable
     swept: bool = False
     stale_workers: list[str] = field(default_factory=list)
-    dropped_consumers: list[tuple[str, str]] = field(default_factory=list)  # (stream, consumer)
     errors: list[str] = field(default_factory=list)  # the phases that failed
     # (queue, task_type) of the tasks above whose labels the scripts returned (the sweep's);
     # an observer reads the others' from their hashes.
@@ -334,13 +333,12 @@ class Scheduler:
             log.warning("worker %s is stale (%s): removed from the worker set", wid, meta)
             result.stale_workers.append(wid)
 
-    async def _drop_consumers(self, now_ms: int, result: TickResult) -> None:
+    async def _drop_consumers(self, now_ms: int) -> None:
         """Consumers of workers not alive that hold no entry, idle a visibility timeout."""
         min_idle_ms = round(self.settings.visibility_timeout_s * 1000)
         dropped = await drop_dead(self.store, now_ms, self._stale_limit_ms(), min_idle_ms)
         if not dropped:
             return
-        result.dropped_consumers.extend(dropped)
         per_worker: dict[str, int] = {}
         for _, name in dropped:
             per_worker[name] = per_worker.get(name, 0) + 1
@@ -380,7 +378,7 @@ class Scheduler:
         if now_ms >= self._next_stale_check_ms and settled:
             self._next_stale_check_ms = now_ms + self._stale_check_ms()
             await self._stale_workers(now_ms, result)
-            await self._phase(result, "consumers", self._drop_consumers(now_ms, result))
+            await self._phase(result, "consumers", self._drop_consumers(now_ms))
 
     def _transient(self, result: TickResult, phase: str, exc: BaseException) -> None:
         self.outage.failed(f"scheduler {phase}", exc)  # tried again at the next tick
