@@ -21,14 +21,14 @@ next read creates the consumer again, and an entry it holds keeps its consumer a
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 from dtq import keys
 from dtq.scripts import Call
 from dtq.store import Store
 
-__all__ = ["drop_call", "drop_dead", "drop_own", "worker_alive"]
+__all__ = ["drop_call", "drop_dead", "drop_own", "heartbeat_ms", "worker_alive", "worker_states"]
 
 
 def drop_call(stream: str, consumers: Sequence[str], min_idle_ms: int = 0) -> Call:
@@ -43,20 +43,37 @@ async def drop_own(store: Store, worker_id: str, queues: Sequence[str]) -> list[
     replies = await store.scripts.call_many(
         store.redis, [drop_call(s, [worker_id]) for s in streams]
     )
+    # Where it was not deleted: does it hold an entry there? One pipeline of XPENDING, its
+    # replies walked with the scripts' in stream order (the first error met is the one raised).
+    unsure = [
+        s for s, r in zip(streams, replies, strict=True) if not isinstance(r, Exception) and not r
+    ]
+    pipe = store.redis.pipeline(transaction=False)
+    for stream in unsure:
+        pipe.xpending_range(stream, keys.CONSUMER_GROUP, "-", "+", 1, consumername=worker_id)
+    held = dict(zip(unsure, await pipe.execute(raise_on_error=False), strict=True))
     kept = []
     for stream, reply in zip(streams, replies, strict=True):
         if isinstance(reply, Exception):
             raise reply
-        if not reply and await _holds_entries(store, stream, worker_id):
+        if reply:
+            continue
+        rows = held[stream]
+        if isinstance(rows, Exception):
+            raise rows
+        if rows:
             kept.append(stream)
     return kept
 
 
-async def _holds_entries(store: Store, stream: str, consumer: str) -> bool:
-    rows = await store.redis.xpending_range(
-        stream, keys.CONSUMER_GROUP, "-", "+", 1, consumername=consumer
-    )
-    return bool(rows)
+def heartbeat_ms(value: str | None) -> int | None:
+    """A worker hash's ``last_heartbeat_ms`` as an int (None when missing or not a number)."""
+    if not value:
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        return None
 
 
 def worker_alive(exists: int, last_heartbeat_ms: str | None, now_ms: int, limit_ms: int) -> bool:
@@ -64,12 +81,19 @@ def worker_alive(exists: int, last_heartbeat_ms: str | None, now_ms: int, limit_
     without one yet is a worker starting)."""
     if not exists:
         return False
-    if not last_heartbeat_ms:
-        return True
-    try:
-        return now_ms - int(float(last_heartbeat_ms)) <= limit_ms
-    except ValueError:
-        return True
+    beat_ms = heartbeat_ms(last_heartbeat_ms)
+    return beat_ms is None or now_ms - beat_ms <= limit_ms
+
+
+async def worker_states(store: Store, ids: Sequence[str]) -> list[tuple[int, str | None]]:
+    """(EXISTS ``dtq:worker:<id>``, its ``last_heartbeat_ms``) of each of ``ids``, in order,
+    in one pipeline: what :func:`worker_alive` judges."""
+    pipe = store.redis.pipeline(transaction=False)
+    for wid in ids:
+        pipe.exists(keys.worker(wid))
+        pipe.hget(keys.worker(wid), "last_heartbeat_ms")
+    flat = await pipe.execute()
+    return [(int(exists), beat) for exists, beat in zip(flat[::2], flat[1::2], strict=True)]
 
 
 async def drop_dead(
@@ -97,7 +121,11 @@ async def drop_dead(
     names = sorted({c for consumers in idle.values() for c in consumers})
     if not names:
         return []
-    dead = await _not_alive(store, names, now_ms, stale_ms)
+    dead = {
+        name
+        for name, (exists, beat) in zip(names, await worker_states(store, names), strict=True)
+        if not worker_alive(exists, beat, now_ms, stale_ms)
+    }
     calls = [
         drop_call(stream, [c for c in consumers if c in dead], min_idle_ms)
         for stream, consumers in idle.items()
@@ -131,16 +159,3 @@ async def _idle_consumers(
         if names:
             out[stream] = names
     return out
-
-
-async def _not_alive(store: Store, names: Collection[str], now_ms: int, stale_ms: int) -> set[str]:
-    pipe = store.redis.pipeline(transaction=False)
-    for name in names:
-        pipe.exists(keys.worker(name))
-        pipe.hget(keys.worker(name), "last_heartbeat_ms")
-    flat = await pipe.execute()
-    return {
-        name
-        for name, exists, beat in zip(names, flat[::2], flat[1::2], strict=True)
-        if not worker_alive(int(exists), beat, now_ms, stale_ms)
-    }

@@ -78,13 +78,7 @@ class Capacity:
         try:
             while not stopping.is_set() and (self.free <= 0 or (self._urgent and not urgent)):
                 self._changed.clear()
-                stop = asyncio.ensure_future(stopping.wait())
-                freed = asyncio.ensure_future(self._changed.wait())
-                try:
-                    await asyncio.wait({stop, freed}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    stop.cancel()
-                    freed.cancel()
+                await _first(stopping, self._changed, None)
         finally:
             if urgent:
                 self._urgent -= 1
@@ -143,10 +137,10 @@ class Intake:
 
     # -- poll -----------------------------------------------------------------------------------
 
-    async def poll(self, stopping: asyncio.Event) -> None:
+    async def poll(self) -> None:
         """Read, start, repeat; wait when there is nothing to read; return once stopping."""
-        while not stopping.is_set():
-            n = await self.capacity.reserve(READ_BATCH, stopping)
+        while not self._stopping.is_set():
+            n = await self.capacity.reserve(READ_BATCH, self._stopping)
             if n == 0:
                 return
             try:
@@ -165,10 +159,10 @@ class Intake:
                     await self.store.ensure_groups(queue)
             elif not got.since:  # a blocking read that timed out, or every queue paused
                 if got.paused.issuperset(self.queues):
-                    await _wait(stopping, PAUSE_REFRESH_S)
+                    await _wait(self._stopping, PAUSE_REFRESH_S)
             elif self._blocking:  # another loop watches the streams
                 self._found.clear()
-                await _first(stopping, self._found, BLOCK_MS / 1000)
+                await _first(self._stopping, self._found, BLOCK_MS / 1000)
             else:  # too few slots to read every stream blocking: only watch them
                 self._blocking = True
                 try:
@@ -226,10 +220,10 @@ class Intake:
 
     # -- reaper ---------------------------------------------------------------------------------
 
-    async def reap(self, stopping: asyncio.Event, interval_s: Callable[[], float]) -> None:
-        while not stopping.is_set():
-            await _wait(stopping, interval_s())
-            if stopping.is_set():
+    async def reap(self, interval_s: Callable[[], float]) -> None:
+        while not self._stopping.is_set():
+            await _wait(self._stopping, interval_s())
+            if self._stopping.is_set():
                 return
             await self.reap_once()
 
@@ -282,32 +276,33 @@ class Intake:
         at once instead of after the visibility timeout: nothing can still be running them.
         Each is a crash redelivery for start.lua (attempt + 1). Only free slots are used; what
         does not fit is left to the reaper. Returns how many were started."""
+        pairs = [(stream, consumer) for stream in self.active_streams() for consumer in consumers]
+        pipe = self.redis.pipeline(transaction=False)
+        for stream, consumer in pairs:
+            pipe.xpending_range(
+                stream, keys.CONSUMER_GROUP, "-", "+", READ_BATCH, consumername=consumer
+            )
         started = 0
-        for stream in self.active_streams():
-            for consumer in consumers:
-                try:
-                    rows = await self.redis.xpending_range(
-                        stream, keys.CONSUMER_GROUP, "-", "+", READ_BATCH, consumername=consumer
-                    )
-                except ResponseError as exc:
-                    if "NOGROUP" not in str(exc):
-                        raise
-                    continue  # no group: nothing was delivered from this stream
-                n = self.capacity.take(len(rows))
-                if n == 0:
-                    continue
-                ids: list[str | bytes | int | memoryview[int]] = [
-                    str(row["message_id"]) for row in rows[:n]
-                ]
-                try:
-                    items = await self.redis.xclaim(
-                        stream, keys.CONSUMER_GROUP, self.worker_id, 0, ids
-                    )
-                except BaseException:
-                    self.capacity.release(n)
-                    raise
-                what = f"taking over {{}} of {consumer} (its process exited)"
-                started += (await self._start_claimed(stream, items, n, what))[0]
+        for (stream, consumer), rows in zip(
+            pairs, await pipe.execute(raise_on_error=False), strict=True
+        ):
+            if isinstance(rows, ResponseError):
+                if "NOGROUP" not in str(rows):
+                    raise rows
+                continue  # no group: nothing was delivered from this stream
+            n = self.capacity.take(len(rows))
+            if n == 0:
+                continue
+            ids: list[str | bytes | int | memoryview[int]] = [
+                str(row["message_id"]) for row in rows[:n]
+            ]
+            try:
+                items = await self.redis.xclaim(stream, keys.CONSUMER_GROUP, self.worker_id, 0, ids)
+            except BaseException:
+                self.capacity.release(n)
+                raise
+            what = f"taking over {{}} of {consumer} (its process exited)"
+            started += (await self._start_claimed(stream, items, n, what))[0]
         return started
 
     async def _start_claimed(
@@ -396,8 +391,8 @@ async def _wait(stopping: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stopping.wait(), seconds)
 
 
-async def _first(stopping: asyncio.Event, event: asyncio.Event, seconds: float) -> None:
-    """Wait until ``event`` or ``stopping`` is set, or ``seconds`` have passed."""
+async def _first(stopping: asyncio.Event, event: asyncio.Event, seconds: float | None) -> None:
+    """Wait until ``event`` or ``stopping`` is set, or ``seconds`` have passed (None: no limit)."""
     waits = {asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(event.wait())}
     try:
         await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)

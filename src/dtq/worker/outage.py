@@ -73,7 +73,6 @@ class RedisOutage:
         self._brief = 0  # outages that ended before a line could tell them
         self._brief_s = 0.0
         self._brief_failures = 0
-        self.outages = 0  # outages seen, told or not
         self.last_failure = -float("inf")  # clock time of the last failure (monotonic)
         self._unrecorded = 0  # finishes given up, not told yet
         self._unrecorded_ids: list[str] = []
@@ -93,7 +92,6 @@ class RedisOutage:
                 self._since = now
                 self._announced = False
                 self._failures = 0
-                self.outages += 1
             self._failures += 1
             self._last_error = f"{what}: {_describe(exc)}"
             if now - self._last_line < self.interval_s:

@@ -50,7 +50,7 @@ from dtq.events import make_event
 from dtq.models import format_ts
 from dtq.scripts import Call
 from dtq.store import Store, new_id
-from dtq.worker.consumers import drop_dead, worker_alive
+from dtq.worker.consumers import drop_dead, heartbeat_ms, worker_alive, worker_states
 from dtq.worker.outage import TRANSIENT, RedisOutage
 
 __all__ = [
@@ -95,7 +95,6 @@ class TickResult:
     skipped: list[str] = field(default_factory=list)  # claimed but no longer promotable
     swept: bool = False
     stale_workers: list[str] = field(default_factory=list)
-    dropped_consumers: list[tuple[str, str]] = field(default_factory=list)  # (stream, consumer)
     errors: list[str] = field(default_factory=list)  # the phases that failed
     # (queue, task_type) of the tasks above whose labels the scripts returned (the sweep's);
     # an observer reads the others' from their hashes.
@@ -314,19 +313,15 @@ class Scheduler:
         members = [m for m in members if m != self.worker_id]  # this one is alive: it is here
         if not members:
             return
-        pipe = redis.pipeline(transaction=False)
-        for wid in members:
-            pipe.exists(keys.worker(wid))
-            pipe.hget(keys.worker(wid), "last_heartbeat_ms")
-        flat = await pipe.execute()
+        states = await worker_states(self.store, members)
         limit_ms = self._stale_limit_ms()
-        for wid, exists, beat in zip(members, flat[::2], flat[1::2], strict=True):
+        for wid, (exists, beat) in zip(members, states, strict=True):
             if worker_alive(exists, beat, now_ms, limit_ms):
                 continue  # alive (or starting: no heartbeat written yet, its hash TTL runs)
             # SREM first: of two schedulers that both saw it, only one publishes.
             if await redis.srem(keys.WORKERS, wid) != 1:
                 continue
-            beat_ms = _int_or_none(beat)
+            beat_ms = heartbeat_ms(beat)
             meta: dict[str, Any] = {"reason": "heartbeat_old" if exists else "hash_gone"}
             if beat_ms is not None:
                 meta["last_heartbeat"] = format_ts(beat_ms)
@@ -338,13 +333,12 @@ class Scheduler:
             log.warning("worker %s is stale (%s): removed from the worker set", wid, meta)
             result.stale_workers.append(wid)
 
-    async def _drop_consumers(self, now_ms: int, result: TickResult) -> None:
+    async def _drop_consumers(self, now_ms: int) -> None:
         """Consumers of workers not alive that hold no entry, idle a visibility timeout."""
         min_idle_ms = round(self.settings.visibility_timeout_s * 1000)
         dropped = await drop_dead(self.store, now_ms, self._stale_limit_ms(), min_idle_ms)
         if not dropped:
             return
-        result.dropped_consumers.extend(dropped)
         per_worker: dict[str, int] = {}
         for _, name in dropped:
             per_worker[name] = per_worker.get(name, 0) + 1
@@ -384,17 +378,8 @@ class Scheduler:
         if now_ms >= self._next_stale_check_ms and settled:
             self._next_stale_check_ms = now_ms + self._stale_check_ms()
             await self._stale_workers(now_ms, result)
-            await self._phase(result, "consumers", self._drop_consumers(now_ms, result))
+            await self._phase(result, "consumers", self._drop_consumers(now_ms))
 
     def _transient(self, result: TickResult, phase: str, exc: BaseException) -> None:
         self.outage.failed(f"scheduler {phase}", exc)  # tried again at the next tick
         result.errors.append(phase)
-
-
-def _int_or_none(value: str | None) -> int | None:
-    if not value:
-        return None
-    try:
-        return int(float(value))
-    except ValueError:
-        return None

@@ -144,8 +144,7 @@ def _check(
 ) -> None:
     if child.pid is not None:
         pid, worker_id = child.pid, child.worker_id
-        _read_ready(child)
-        code = _reap(child)  # reads a last readiness byte too
+        code = _reap(child)  # once it has exited, reads its readiness byte
         if code is None:
             return
         was_ready = child.ready
@@ -222,8 +221,8 @@ def _fork(
     )
 
 
-def _read_ready(child: _Child) -> bool:
-    """True once the child said it is ready (connected and set up)."""
+def _read_ready(child: _Child) -> None:
+    """Set ``child.ready`` if the child wrote its readiness byte (connected and set up)."""
     if not child.ready and child.ready_fd is not None:
         try:
             got = os.read(child.ready_fd, 16)
@@ -231,7 +230,6 @@ def _read_ready(child: _Child) -> bool:
             got = b""
         if got:
             child.ready = True
-    return child.ready
 
 
 def _reap(child: _Child) -> int | None:
@@ -245,6 +243,8 @@ def _reap(child: _Child) -> int | None:
     if pid == 0:
         return None
     child.pid = None
+    # After waitpid, not before: the byte stays in the pipe until read, so once the child has
+    # exited this one read tells whether it ever said it was ready (even just before dying).
     _read_ready(child)
     _close_ready(child)
     return os.waitstatus_to_exitcode(status)

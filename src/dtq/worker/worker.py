@@ -363,10 +363,10 @@ class Worker:
     # -- intake -------------------------------------------------------------------------------
 
     async def _poll(self) -> None:
-        await self.intake.poll(self._stopping)
+        await self.intake.poll()
 
     async def _reap(self) -> None:
-        await self.intake.reap(self._stopping, self._jittered_reaper_interval)
+        await self.intake.reap(self._jittered_reaper_interval)
 
     def _jittered_reaper_interval(self) -> float:
         return self.settings.reaper_interval_s * (1 + self._rng.uniform(-JITTER, JITTER))
