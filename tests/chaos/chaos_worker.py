@@ -47,12 +47,12 @@ def _crash_point(payload: str, attempt: int) -> str | None:
 
 
 def _run_crashing_worker(argv: list[str]) -> int:
+    from dtq.calls import Entry, Outcome, StartReply
     from dtq.config import load_settings
     from dtq.log import configure_logging
     from dtq.worker import Worker, WorkerObserver, load_task_modules
     from dtq.worker.__main__ import build_parser
     from dtq.worker.executor import Execution
-    from dtq.worker.protocol import Entry, Outcome, StartReply
 
     class CrashAt(WorkerObserver):
         def task_started(self, entry: Entry, start: StartReply) -> None:

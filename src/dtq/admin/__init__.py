@@ -18,7 +18,7 @@ operation in Redis terms and which values are exact.
 from dtq.admin._common import CHUNK, SWEEP_BATCH, Audit
 from dtq.admin.dlq import dlq_discard, dlq_get, dlq_list, dlq_purge, dlq_requeue
 from dtq.admin.queues import purge_queue, set_paused
-from dtq.admin.tasks import Swept, cancel, expire, sweep_due, sweep_expired, task_keys
+from dtq.admin.tasks import Swept, cancel, expire, sweep_due, task_keys
 from dtq.admin.views import all_queue_stats, audit_log, queue_stats, worker, workers
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "queue_stats",
     "set_paused",
     "sweep_due",
-    "sweep_expired",
     "task_keys",
     "worker",
     "workers",

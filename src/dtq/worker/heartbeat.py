@@ -28,16 +28,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
-from dtq import keys
+from dtq import calls, keys
 from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.events import make_event
 from dtq.models import format_ts
 from dtq.scripts import Scripts
 from dtq.worker.outage import TRANSIENT, RedisOutage
-from dtq.worker.protocol import touch_args
 
 __all__ = ["Heartbeat"]
 
@@ -173,14 +172,7 @@ class Heartbeat:
         if not owned:
             return
         assert self._redis is not None
-        key_list, argv = touch_args(self.worker_id, owned)
-        sha = self.scripts.sha["touch"]
-        try:
-            lost_idx = self._redis.evalsha(sha, len(key_list), *key_list, *argv)
-        except NoScriptError:
-            self._redis.script_load(self.scripts.source["touch"])
-            lost_idx = self._redis.evalsha(sha, len(key_list), *key_list, *argv)
-        lost = [owned[int(i) - 1][1] for i in lost_idx]
+        lost = calls.touch_blocking(self._redis, self.scripts, self.worker_id, owned)
         if lost:
             # Most are entries finished between the snapshot and the touch; the worker keeps
             # (and logs) only those still running here.

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
+from dtq.calls import Entry, Outcome, StartReply
 from dtq.worker.executor import Execution
-from dtq.worker.protocol import Entry, Outcome, StartReply
 from dtq.worker.scheduler import TickResult
 
 __all__ = ["WorkerObserver"]

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 
+from dtq.calls import Entry, Outcome, StartReply
 from dtq.metrics import COMPLETED_STATUSES, Metrics, MetricsServer, count_commands, task_labels
 from dtq.worker.executor import Execution
-from dtq.worker.protocol import Entry, Outcome, StartReply
 from dtq.worker.scheduler import TickResult
 from dtq.worker.worker import WorkerObserver
 
