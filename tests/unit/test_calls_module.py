@@ -64,7 +64,8 @@ def test_the_calls_module_calls_every_script_in_order() -> None:
     functions = [
         node.name
         for node in tree.body
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_")
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and not node.name.startswith("_")
     ]
     names_used = {
         node.value

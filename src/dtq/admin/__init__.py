@@ -2,8 +2,9 @@
 
 State changes are one Lua script each (cancel, expire, dlq_requeue, dlq_discard, set_paused) or
 a run of bounded chunks of one script (dlq_purge, purge_queue: at most ``CHUNK`` tasks per
-call, so no script runs long). These functions find the keys a script needs (a task's queue,
-priority and idempotency key decide its stream and record) and map replies to dtq errors.
+call, so no script runs long), called through :mod:`dtq.calls`. These functions read what a
+script needs (a task's queue, priority and idempotency key decide its stream and record; the
+metadata a compare-and-set expects) and map the replies to dtq errors.
 
 ``audit``: given an :class:`Audit`, the same script that makes the change appends
 ``{actor, action, task_id, queue, ts, request_id}`` to ``dtq:stream:audit`` (MAXLEN ~ 10000),
