@@ -1,4 +1,4 @@
-"""The Python half of every Lua script: one function per script, in the order of
+"""The Python half of every Lua script: its function here, in the order of
 :data:`dtq.scripts.SCRIPT_NAMES`. Each builds its script's KEYS (from :mod:`dtq.keys`) and ARGV
 in the order of the script's header, sends it through :class:`~dtq.scripts.Scripts` and parses
 the reply into a small frozen value; nothing else in dtq builds KEYS or ARGV or calls a script
@@ -11,9 +11,11 @@ finisher's batch of one event-loop tick); the scheduler's ``promote_many`` and
 ``expire_sweep`` likewise. The policy around a script (which tasks to send, what a refusal means
 to a user) stays with its caller: :mod:`dtq.store`, :mod:`dtq.admin`, :mod:`dtq.worker`.
 
-Every function takes a :class:`Backend` (the Redis client, the loaded scripts and the
-settings; a :class:`~dtq.store.Store` is one), except :func:`touch_blocking`, which runs on the
-heartbeat's thread with its own synchronous client.
+Every function that sends takes a :class:`Backend` (the Redis client, the loaded scripts and
+the settings; a :class:`~dtq.store.Store` is one), except :func:`touch_blocking`, which runs on
+the heartbeat's thread with its own synchronous client. Two scripts also have a builder:
+:func:`finish_call` (the worker's finisher gathers the calls of one event-loop tick before
+:func:`finish_many` sends them) and :func:`submit_calls`.
 """
 
 from __future__ import annotations
@@ -547,8 +549,8 @@ async def touch(db: Backend, worker_id: str, owned: Sequence[tuple[str, str]]) -
 def touch_blocking(
     client: redis_sync.Redis, scripts: Scripts, worker_id: str, owned: Sequence[tuple[str, str]]
 ) -> list[str]:
-    """:func:`touch` on the heartbeat's thread, with its own synchronous client (so a handler
-    that blocks the event loop cannot stop the heartbeat; DESIGN 3, Fencing)."""
+    """touch.lua as :func:`touch` does, from the heartbeat's thread with its own synchronous
+    client (so a handler that blocks the event loop cannot stop the heartbeat)."""
     key_list, argv = _touch_args(worker_id, owned)
     sha = scripts.sha["touch"]
     try:
