@@ -49,7 +49,7 @@ for i = 0, n - 1 do
     else
       redis.call('HSET', kh, 'status', 'cancelled', 'updated_at', ts, 'finished_at', ts,
         'metadata', ARGV[a + 5])
-      keep(kh, kpayload, retention)
+      retain(kh, kpayload, retention)
       redis.call('ZREM', KEYS[1], task_id)
       redis.call('ZREM', KEYS[2], task_id)
       redis.call('ZREM', KEYS[3], task_id)
