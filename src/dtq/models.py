@@ -1,7 +1,9 @@
 """The data model: statuses and their transitions, the task, the submit request, events.
 
-Pure: no I/O, no clock. The Lua scripts check the same source states as ``TRANSITIONS``; a test
-keeps the two in step.
+Pure: no I/O, no clock. Every step the Lua scripts write to a task's history is in
+``TRANSITIONS`` (or, where noted, in ``HISTORY_EXTENSIONS``), and every pair of both tables is
+written by some script: ``tests/integration/test_transitions.py`` runs every script path on a
+real server and checks both directions.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from dtq.errors import InvalidTaskError, PayloadTooLargeError, UnknownTaskTypeEr
 
 __all__ = [
     "EVENT_TYPES",
+    "HISTORY_EXTENSIONS",
+    "INITIAL",
     "MAX_DELAY_S",
     "METADATA_MAX_BYTES",
     "NOT_STARTED",
@@ -71,6 +75,10 @@ TERMINAL: frozenset[TaskStatus] = frozenset(
 )
 NOT_STARTED: frozenset[TaskStatus] = frozenset({S.PENDING, S.QUEUED, S.RETRYING})
 
+# Where a task's history starts (its first entry's `from` is null): PENDING when delayed, else
+# QUEUED (a task expired at submit goes on at once to EXPIRED).
+INITIAL: frozenset[TaskStatus] = frozenset({S.PENDING, S.QUEUED})
+
 # Contract section 1: the only allowed transitions. Terminal states have none.
 TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
     S.PENDING: frozenset({S.QUEUED, S.CANCELLED, S.EXPIRED}),
@@ -82,6 +90,16 @@ TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
     S.DEAD_LETTERED: frozenset(),
     S.CANCELLED: frozenset(),
     S.EXPIRED: frozenset(),
+}
+
+# History entries beyond the contract's table, each deliberate: an operator's DLQ requeue, the one
+# documented way out of a terminal state (DEAD_LETTERED -> QUEUED, docs/operations-admin.md), and
+# two entries that record a step without a change of status: a crash redelivery's new attempt
+# (RUNNING -> RUNNING, reason `redelivered`) and a DLQ discard or purge (DEAD_LETTERED ->
+# DEAD_LETTERED). No status change other than TRANSITIONS and the requeue is ever written.
+HISTORY_EXTENSIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
+    S.RUNNING: frozenset({S.RUNNING}),
+    S.DEAD_LETTERED: frozenset({S.QUEUED, S.DEAD_LETTERED}),
 }
 
 EVENT_TYPES = (

@@ -1,10 +1,15 @@
 """No unbounded state (contract section 2): after a mixed workload every key in Redis has a TTL
 or is one of the documented bounded keys, and the bounded ones hold only live members.
+
+A task's own keys (hash, history, payload) and its idempotency record have no TTL while the task
+waits or runs (DESIGN 11): they are bounded by the live work, each indexed by a stream entry or a
+schedule member, and get their TTL when the task ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import re
 import time
@@ -42,6 +47,8 @@ BOUNDED: dict[str, str] = {
     r"dtq:queue:[a-z0-9][a-z0-9_-]{0,63}:paused": "one per paused queue, deleted at resume",
 }
 BOUNDED_RE = re.compile("|".join(f"(?:{p})" for p in BOUNDED) + r"\Z")
+TASK_KEY_RE = re.compile(r"dtq:task:([0-9a-f]{32})(?::history|:payload)?\Z")
+LIVE = {"pending", "queued", "retrying", "running"}
 
 
 async def wait_until_redis_ms(r: Redis, target_ms: int, timeout_s: float = 5.0) -> int:
@@ -92,23 +99,35 @@ async def test_every_key_has_a_ttl_or_a_bound(settings: Settings, queue: Queue, 
     finally:
         await small.close()
 
-    # A delayed task's keys live its wait (at most 300 s here) beyond the retention.
-    max_ttl_ms = (max(settings.task_retention_s, settings.idem_ttl_s) + 300) * 1000
+    # Retention and the idempotency TTL count from a task's end, never more.
+    max_ttl_ms = max(settings.task_retention_s, settings.idem_ttl_s) * 1000
     unbounded: list[str] = []
     kinds: dict[str, int] = {}
     async for key in r.scan_iter(count=1000):
         pttl = await r.pttl(key)
+        task_key = TASK_KEY_RE.match(key)
+        status = await status_of(r, task_key.group(1)) if task_key else None
         if pttl > 0:
             assert pttl <= max_ttl_ms, (key, pttl)
+            assert status is None or status not in LIVE, (key, status)  # terminal: retained
             kinds["ttl"] = kinds.get("ttl", 0) + 1
             continue
         assert pttl == -1, (key, pttl)
+        if task_key:
+            assert status in LIVE, (key, status)  # no TTL only while it waits or runs
+            kinds["live"] = kinds.get("live", 0) + 1
+            continue
+        if fnmatch.fnmatchcase(key, keys.idempotency("*", "*")):
+            record = json.loads(await r.get(key))
+            assert record["state"] == "processing", (key, record)
+            assert await status_of(r, record["task_id"]) in LIVE, (key, record)
+            continue
         if not BOUNDED_RE.match(key):
             unbounded.append(f"{key} ({await r.type(key)})")
         kinds[key.split(":")[1]] = kinds.get(key.split(":")[1], 0) + 1
     assert not unbounded, f"keys without TTL and without a documented bound: {unbounded}"
     assert not await r.exists(keys.idempotency("default", None))  # the placeholder is never set
-    assert kinds["ttl"] > 100  # the workload did write per-task keys
+    assert kinds["ttl"] > 10 and kinds["live"] > 100  # the workload did write per-task keys
     lock_ttl = await r.pttl(keys.SCHEDULER_LOCK)
     assert lock_ttl == -2 or 0 < lock_ttl <= 10_000  # absent, or SET NX PX 10000
 

@@ -1,10 +1,11 @@
 """The payload's own key ``dtq:task:<id>:payload`` (docs/redis-schema.md, "The payload key").
 
 A payload over 64 bytes in the task hash would push the whole hash out of Redis's compact
-encoding, so submit writes it beside the hash with the hash's TTL, and every script that refreshes
-the hash's TTL refreshes the payload's. A task written before this layout (payload in the hash,
-no payload key) must still read, run, dead-letter and requeue with its payload: an upgrade with
-tasks in flight loses nothing. Every assertion reads Redis or what the SDK returns.
+encoding, so submit writes it beside the hash with the hash's lifetime: no TTL while the task
+waits or runs, the retention once it ended (DESIGN 11), set on both by every script. A task
+written before this layout (payload in the hash, no payload key) must still read, run,
+dead-letter and requeue with its payload: an upgrade with tasks in flight loses nothing. Every
+assertion reads Redis or what the SDK returns.
 """
 
 from __future__ import annotations
@@ -52,11 +53,15 @@ async def age(r: Redis, task_id: str) -> None:
 
 
 async def assert_kept_together(r: Redis, task_id: str, settings: Settings) -> None:
-    """Both TTLs were refreshed to the retention (the payload's is never the shorter)."""
+    """Both TTLs were set to the retention (a terminal task; the payload's is never the shorter)
+    or both removed (a task that waits or runs)."""
     hash_ttl = await r.ttl(keys.task(task_id))
     payload_ttl = await r.ttl(keys.payload(task_id))
-    assert AGED_S < hash_ttl <= settings.task_retention_s
-    assert AGED_S < payload_ttl <= settings.task_retention_s
+    if await r.hget(keys.task(task_id), "status") in {"pending", "queued", "retrying", "running"}:
+        assert hash_ttl == payload_ttl == -1
+    else:
+        assert AGED_S < hash_ttl <= settings.task_retention_s
+        assert AGED_S < payload_ttl <= settings.task_retention_s
     assert await r.get(keys.payload(task_id)) == compact_json(PAYLOAD)
     assert "payload" not in await r.hgetall(keys.task(task_id))
 
@@ -110,13 +115,13 @@ async def test_submit_writes_the_payload_beside_a_compact_hash(
     assert "payload" not in h and h["task_id"] == task.task_id
     assert await hash_encoding(r, task.task_id) in ("ziplist", "listpack")
     assert await r.get(keys.payload(task.task_id)) == compact_json(PAYLOAD)
-    # retention counts from when the task is due (30 s after submit for the delayed one)
-    wait_s = int(options.get("delay_seconds", 0))
+    # no TTL while the task waits; the retention for one expired at submit (DESIGN 11)
     payload_ttl = await r.ttl(keys.payload(task.task_id))
     assert payload_ttl == await r.ttl(keys.task(task.task_id))
-    assert (
-        settings.task_retention_s + wait_s - 5 < payload_ttl <= settings.task_retention_s + wait_s
-    )
+    if task.status is TaskStatus.EXPIRED:
+        assert settings.task_retention_s - 5 < payload_ttl <= settings.task_retention_s
+    else:
+        assert payload_ttl == -1
     assert (await queue.get(task.task_id)).payload == PAYLOAD
     assert task.payload == PAYLOAD
     if task.status is TaskStatus.QUEUED:
@@ -141,7 +146,7 @@ async def test_reads_and_replays_return_the_payload(queue: Queue, r: Redis) -> N
     assert isinstance(batch, Task) and batch.duplicate and batch.payload == PAYLOAD
 
 
-# -- every TTL refresh refreshes both -----------------------------------------------------------
+# -- every script sets both lifetimes ------------------------------------------------------------
 
 Op = Callable[[Queue, Redis, Settings, str], Awaitable[None]]
 

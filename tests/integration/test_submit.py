@@ -129,7 +129,7 @@ async def test_queued_task_entry_hash_and_group(queue: Queue, r: Redis) -> None:
     assert h["status"] == "queued" and h["entry_id"] == entry_id and h["attempt"] == "0"
     assert before <= int(h["created_ms"]) <= after
     assert h["available_at"] == h["created_at"]
-    assert 0 < await r.ttl(keys.task(task.task_id)) <= 604_800
+    assert await r.ttl(keys.task(task.task_id)) == -1  # no TTL while it waits (DESIGN 11)
 
     # The group exists on the stream, and on all ten streams of the queue.
     for key in keys.queue_streams("default"):
@@ -180,17 +180,13 @@ async def test_delayed_task_waits_in_schedule(queue: Queue, r: Redis) -> None:
 async def test_a_task_due_after_its_retention_keeps_its_keys_until_then(
     queue: Queue, r: Redis, settings: Settings
 ) -> None:
-    """Retention counts from when a delayed task is due: scheduled 30 days out with 7 days of
-    retention, its hash, payload and history live 37 days (a shorter TTL lost the task)."""
+    """Retention is never a deadline for waiting work (DESIGN 11): scheduled 30 days out with 7
+    days of retention, its hash, payload and history have no TTL at all."""
     days = 86_400
     task = await queue.submit("echo_task", {"x": 1}, delay_seconds=30 * days)
+    assert 30 * days > settings.task_retention_s
     for key in (keys.task(task.task_id), keys.payload(task.task_id), keys.history(task.task_id)):
-        ttl = await r.ttl(key)
-        assert (
-            settings.task_retention_s + 30 * days - 5
-            <= ttl
-            <= settings.task_retention_s + 30 * days
-        )
+        assert await r.ttl(key) == -1, key
 
 
 async def test_schedule_at_is_the_score(queue: Queue, r: Redis) -> None:
@@ -284,7 +280,7 @@ async def test_idempotency_lifecycle(queue: Queue, r: Redis) -> None:
     record = json.loads(await r.get(record_key))
     assert record["task_id"] == first.task_id and record["state"] == "processing"
     assert record["updated_at"]
-    assert 0 < await r.ttl(record_key) <= 86_400
+    assert await r.ttl(record_key) == -1  # lives while its task waits or runs (DESIGN 11)
     h = await r.hgetall(keys.task(first.task_id))
     assert h["idempotency_key"] == "order-42"
     entry = (await r.xrange(keys.stream("orders", 5)))[0][1]
@@ -300,6 +296,7 @@ async def test_idempotency_lifecycle(queue: Queue, r: Redis) -> None:
     # Terminal (cancel sets the record to failed): the replay is the stored task, a duplicate.
     await queue.cancel(first.task_id)
     assert json.loads(await r.get(record_key))["state"] == "failed"
+    assert 0 < await r.ttl(record_key) <= 86_400  # DTQ_IDEM_TTL_S from the task's end
     replay = await queue.submit("echo_task", {"n": 3}, idempotency_key="order-42", queue="orders")
     assert replay.duplicate is True
     assert replay.task_id == first.task_id
@@ -482,8 +479,8 @@ async def test_history_entry(queue: Queue, r: Redis) -> None:
     entry = history[0]
     assert entry.from_status is None and entry.to_status is TaskStatus.PENDING
     assert entry.attempt == 0 and entry.reason == "created" and entry.ts == task.created_at
-    # retention counts from when the task is due (5 s after submit)
-    assert 604_800 < await r.ttl(keys.history(task.task_id)) <= 604_805
+    # no TTL while the task waits (DESIGN 11)
+    assert await r.ttl(keys.history(task.task_id)) == -1
 
 
 async def test_expiration_fields(queue: Queue, r: Redis) -> None:

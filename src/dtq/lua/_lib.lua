@@ -27,14 +27,26 @@ local function iso(ms)
     math.floor(sod / 3600), math.floor(sod % 3600 / 60), sod % 60, ms % 1000)
 end
 
--- Append already-encoded JSON entries (one or more, in order) to a task's history (DESIGN 7):
--- capped at 100, same TTL as the hash. RPUSH returns the new length: a list of 100 or fewer
--- needs no LTRIM (the common case).
+-- Lifetimes (DESIGN 11, docs/redis-schema.md "Lifetimes"): a task's hash, history and payload
+-- key have no TTL while the task is PENDING, QUEUED, RETRYING or RUNNING, whatever its age:
+-- retention is never a deadline for waiting or running work. The script that makes a task
+-- terminal gives all three the retention (`retain`, and `hist` with retention_s); a script that
+-- leaves it non-terminal removes any TTL (`persist`, and `hist` with retention_s nil): a task
+-- requeued from the DLQ had one, and so has a task an older dtq wrote.
+
+-- Append already-encoded JSON entries (one or more, in order) to a task's history (DESIGN 7),
+-- capped at 100, and give the list the hash's lifetime: EXPIRE retention_s, or PERSIST when
+-- retention_s is nil (the task is not terminal). RPUSH returns the new length: a list of 100
+-- or fewer needs no LTRIM (the common case).
 local function hist_push(key, retention_s, ...)
   if redis.call('RPUSH', key, ...) > 100 then
     redis.call('LTRIM', key, -100, -1)
   end
-  redis.call('EXPIRE', key, retention_s)
+  if retention_s then
+    redis.call('EXPIRE', key, retention_s)
+  else
+    redis.call('PERSIST', key)
+  end
 end
 
 -- Append one state change to the task's history, as a table encoded here (see hist_push).
@@ -58,13 +70,25 @@ local function emit(channel, event_id, ts, etype, task_id, queue, task_type, att
   redis.call('PUBLISH', channel, cjson.encode(ev))
 end
 
--- Set the idempotency record's state (contract section 5), keeping its remaining TTL.
+-- Set the idempotency record's state (contract section 5; DESIGN 11). Only the task the record
+-- names updates it: a record naming another task is left as it is (this task's record was
+-- removed, by hand or by the TTL an older dtq gave it while the task waited, and another
+-- submit took the key). A missing record is written again for this task. `processing` has no
+-- TTL: a duplicate submit of a task that still waits or runs never makes a second task;
+-- `completed` and `failed` live DTQ_IDEM_TTL_S from the task's end.
 local function idem_state(key, idem_key, task_id, state, ts, idem_ttl_s)
   if idem_key == nil or idem_key == '' then return end
-  local ttl = redis.call('TTL', key)
-  if ttl < 1 then ttl = tonumber(idem_ttl_s) end
-  redis.call('SET', key, cjson.encode({task_id = task_id, state = state, updated_at = ts}),
-    'EX', ttl)
+  local rec = redis.call('GET', key)
+  if rec then
+    local ok, r = pcall(cjson.decode, rec)
+    if not ok or type(r) ~= 'table' or r.task_id ~= task_id then return end
+  end
+  local value = cjson.encode({task_id = task_id, state = state, updated_at = ts})
+  if state == 'processing' then
+    redis.call('SET', key, value)
+  else
+    redis.call('SET', key, value, 'EX', idem_ttl_s)
+  end
 end
 
 -- Remove a task's stream entry. An entry already delivered to a consumer (in the PEL) stays:
@@ -89,13 +113,20 @@ local function audit(key, actor, request_id, action, task_id, queue, ts)
     'task_id', task_id or '', 'queue', queue or '', 'ts', ts, 'request_id', request_id or '')
 end
 
--- The task's payload key (dtq:task:<id>:payload) lives and dies with its hash: every script that
--- refreshes the hash's TTL refreshes both, the payload second, so that on Redis 6.2 (where each
--- EXPIRE reads the clock) the payload never expires before the hash. Readers outside a script
--- read the payload key first: then a hash they find always has its payload.
-local function keep(hash_key, payload_key, retention_s)
+-- The task's payload key (dtq:task:<id>:payload) lives and dies with its hash (see Lifetimes
+-- above). `retain` starts both retentions when the task reaches a terminal state, the payload
+-- second, so that on Redis 6.2 (where each EXPIRE reads the clock) the payload never expires
+-- before the hash. Readers outside a script read the payload key first: then a hash they find
+-- always has its payload.
+local function retain(hash_key, payload_key, retention_s)
   redis.call('EXPIRE', hash_key, retention_s)
   redis.call('EXPIRE', payload_key, retention_s)
+end
+
+-- A task that is (again, or still) not terminal: its hash and payload keep no TTL.
+local function persist(hash_key, payload_key)
+  redis.call('PERSIST', hash_key)
+  redis.call('PERSIST', payload_key)
 end
 
 -- The task's payload JSON: its own key, or the hash's `payload` field for a task submitted

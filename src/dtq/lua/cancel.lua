@@ -7,7 +7,7 @@
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:retry:schedule
 -- KEYS[4] = dtq:retry:claimed   KEYS[5] = dtq:expiry   KEYS[6] = dtq:stream:<queue>:p<N>
 -- KEYS[7] = dtq:cancelled   KEYS[8] = dtq:idempotency:<queue>:<key> (placeholder when none)
--- KEYS[9] = dtq:stream:audit   KEYS[10] = dtq:task:<id>:payload (TTL kept with the hash's)
+-- KEYS[9] = dtq:stream:audit   KEYS[10] = dtq:task:<id>:payload (its lifetime the hash's)
 -- ARGV[1] task_id  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] event_id  [6] reason (e.g. "cancel", "purge")
 -- ARGV[7] audit actor ("" = no audit entry)  [8] audit request_id or ""
@@ -39,7 +39,7 @@ if ARGV[6] == 'purge' then
   fields[#fields + 1] = meta
 end
 redis.call('HSET', KEYS[1], unpack(fields))
-keep(KEYS[1], KEYS[10], retention)
+retain(KEYS[1], KEYS[10], retention)
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])

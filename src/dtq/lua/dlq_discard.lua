@@ -4,7 +4,7 @@
 -- caller read (compare-and-set), and a history entry dead_lettered -> dead_lettered.
 --
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:stream:dead-letter
--- KEYS[4] = dtq:stream:audit   KEYS[5] = dtq:task:<id>:payload (TTL kept with the hash's)
+-- KEYS[4] = dtq:stream:audit   KEYS[5] = dtq:task:<id>:payload (its lifetime the hash's)
 -- ARGV[1] task_id  [2] metadata JSON read by the caller  [3] new metadata JSON
 -- ARGV[4] DLQ entry id found by scanning, "" (used when the hash has no dlq_entry_id)
 -- ARGV[5] task retention s  [6] audit actor ("" = no audit entry)  [7] audit request_id or ""
@@ -23,7 +23,7 @@ local removed = 0
 if dlq_id ~= '' then removed = redis.call('XDEL', KEYS[3], dlq_id) end
 redis.call('HDEL', KEYS[1], 'dlq_entry_id')
 redis.call('HSET', KEYS[1], 'metadata', ARGV[3], 'updated_at', ts)
-keep(KEYS[1], KEYS[5], retention)
+retain(KEYS[1], KEYS[5], retention)
 hist(KEYS[2], retention, ts, 'dead_lettered', 'dead_lettered', h[4], nil, 'dlq_discard',
   {dlq_entry_id = dlq_id})
 audit(KEYS[4], ARGV[6], ARGV[7], 'dlq_discard', task_id, h[5], ts)

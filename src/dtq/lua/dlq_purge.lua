@@ -27,7 +27,7 @@ for i = 0, n - 1 do
         and (not h[3] or h[3] == '' or h[3] == entry_id) then
       redis.call('HDEL', kh, 'dlq_entry_id')
       redis.call('HSET', kh, 'metadata', meta, 'updated_at', ts)
-      keep(kh, kpayload, retention)
+      retain(kh, kpayload, retention)
       hist(khist, retention, ts, 'dead_lettered', 'dead_lettered', h[4], nil, 'dlq_purge',
         {dlq_entry_id = entry_id, task_id = task_id})
       marked = marked + 1

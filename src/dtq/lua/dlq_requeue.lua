@@ -7,14 +7,16 @@
 -- old one is still what the caller read (compare-and-set: Lua's cjson would turn [] into {}).
 -- The idempotency record goes back to processing (unless the key now belongs to another task);
 -- a deadline still ahead goes back into dtq:expiry, one already passed refuses the requeue.
+-- Not terminal any more: the hash, history and payload lose their retention TTL (DESIGN 11).
 --
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:stream:dead-letter
 -- KEYS[4] = dtq:idempotency:<queue>:<key> (placeholder when none)   KEYS[5] = dtq:stream:audit
 -- KEYS[6] = dtq:expiry   KEYS[7..16] = dtq:stream:<queue>:p9 .. p0
--- KEYS[17] = dtq:task:<id>:payload (the new entry's payload; its TTL kept with the hash's)
+-- KEYS[17] = dtq:task:<id>:payload (the new entry's payload; its lifetime the hash's)
 -- ARGV[1] task_id  [2] metadata JSON read by the caller  [3] new metadata JSON
 -- ARGV[4] DLQ entry id found by scanning, "" (used when the hash has no dlq_entry_id)
--- ARGV[5] task retention s  [6] idempotency TTL s  [7] events channel  [8] event_id
+-- ARGV[5] task retention s (not read: a requeued task is not terminal, so it has no TTL)
+-- ARGV[6] idempotency TTL s  [7] events channel  [8] event_id
 -- ARGV[9] audit actor ("" = no audit entry)  [10] audit request_id or ""
 -- Returns {"queued", entry_id, now_ms, removed DLQ entries (0|1)}
 --       | {"err", "NOT_FOUND"} | {"err", "STATUS", status} | {"err", "STALE"}
@@ -31,7 +33,6 @@ local now = now_ms()
 local exp_ms = tonumber(h[11] or '')
 if exp_ms and exp_ms <= now then return {'err', 'DEADLINE', h[12] or ''} end
 local ts = iso(now)
-local retention = tonumber(ARGV[5])
 local queue, idem = h[3], h[8] or ''
 
 local dlq_id = h[10]
@@ -52,15 +53,10 @@ redis.call('HDEL', KEYS[1], 'started_at', 'finished_at', 'duration_ms', 'worker_
   'dlq_entry_id', 'result_truncated')
 redis.call('HSET', KEYS[1], 'status', 'queued', 'attempt', 0, 'metadata', ARGV[3],
   'entry_id', entry_id, 'available_at', ts, 'updated_at', ts)
-keep(KEYS[1], KEYS[17], retention)
+persist(KEYS[1], KEYS[17])
 if exp_ms then redis.call('ZADD', KEYS[6], exp_ms, task_id) end
-if idem ~= '' then
-  local rec = redis.call('GET', KEYS[4])
-  if not rec or cjson.decode(rec).task_id == task_id then
-    idem_state(KEYS[4], idem, task_id, 'processing', ts, ARGV[6])
-  end
-end
-hist(KEYS[2], retention, ts, 'dead_lettered', 'queued', 0, nil, 'dlq_requeue',
+idem_state(KEYS[4], idem, task_id, 'processing', ts, ARGV[6])
+hist(KEYS[2], nil, ts, 'dead_lettered', 'queued', 0, nil, 'dlq_requeue',
   {previous_attempt = tonumber(h[9]) or 0, dlq_entry_id = dlq_id})
 emit(ARGV[7], ARGV[8], ts, 'TASK_QUEUED', task_id, queue, h[4], 0, nil, {requeued = true})
 audit(KEYS[5], ARGV[9], ARGV[10], 'dlq_requeue', task_id, queue, ts)

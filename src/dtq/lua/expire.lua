@@ -14,7 +14,7 @@
 -- KEYS[1] = dtq:retry:schedule   KEYS[2] = dtq:retry:claimed   KEYS[3] = dtq:expiry
 -- KEYS[4] = dtq:stream:audit
 -- then, per task in order, 3 or 5 keys (its ARGV says which): dtq:task:<id>,
---   dtq:task:<id>:history, dtq:task:<id>:payload (its TTL kept with the hash's)
+--   dtq:task:<id>:history, dtq:task:<id>:payload (its lifetime the hash's)
 --   [, dtq:stream:<queue>:p<N>, dtq:idempotency:<queue>:<key> (placeholder when none)]
 -- ARGV[1] mode: "manual" (now, whatever expires_at says) | "sweep" (only if due)
 -- ARGV[2] task retention s  [3] idempotency TTL s  [4] events channel
@@ -76,7 +76,7 @@ for i = 1, (#ARGV - 6) / 3 do
       hist_push(hkey, retention, last)
     end
     call('HSET', tkey, 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
-    keep(tkey, pkey, retention)
+    retain(tkey, pkey, retention)
     call('ZREM', KEYS[1], task_id)
     call('ZREM', KEYS[2], task_id)
     call('ZREM', KEYS[3], task_id)

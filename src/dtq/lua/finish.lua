@@ -19,14 +19,15 @@
 --               expiry score (a task without a deadline keeps none).
 --   cancelled   CANCELLED (the handler was stopped on a cancel request), idempotency failed.
 -- A retry or reschedule of a task whose cancel was requested meanwhile is CANCELLED instead.
--- Always: finished_at, duration_ms, worker_id, error_class, error_message, retryable; the hash
--- and history TTL refreshed; history entry; event; XACK + XDEL.
+-- Always: finished_at, duration_ms, worker_id, error_class, error_message, retryable; the hash,
+-- history and payload get the retention (a terminal state) or no TTL (RETRYING; DESIGN 11);
+-- history entry; event; XACK + XDEL.
 --
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = the entry's stream
 -- KEYS[4] = dtq:retry:schedule   KEYS[5] = dtq:expiry
 -- KEYS[6] = dtq:idempotency:<queue>:<key> (placeholder when none)
 -- KEYS[7] = dtq:stream:dead-letter   KEYS[8] = dtq:result:<id>   KEYS[9] = dtq:cancelled
--- KEYS[10] = dtq:task:<id>:payload (the dead-letter entry's payload; TTL kept with the hash's)
+-- KEYS[10] = dtq:task:<id>:payload (the dead-letter entry's payload; its lifetime the hash's)
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] attempt
 -- ARGV[6] outcome  [7] result JSON ("" if none)  [8] result too large "1"/"0"
 -- ARGV[9] error_class  [10] error_message (sanitized)  [11] retryable "1"/"0"
@@ -147,11 +148,10 @@ else
   meta.error_class = error_class
 end
 
--- A task waiting for its retry keeps its retention beyond the wait (a long reschedule must not
--- outlive its own hash).
-if to == 'retrying' then retention = retention + math.ceil(delay_ms / 1000) end
+-- A task waiting for its retry is not terminal: no TTL however long it waits (DESIGN 11).
+if to == 'retrying' then retention = nil end
 redis.call('HSET', KEYS[1], unpack(fields))
-keep(KEYS[1], KEYS[10], retention)
+if retention then retain(KEYS[1], KEYS[10], retention) else persist(KEYS[1], KEYS[10]) end
 redis.call('XACK', KEYS[3], group, entry_id)
 redis.call('XDEL', KEYS[3], entry_id)
 redis.call('SREM', KEYS[9], task_id)

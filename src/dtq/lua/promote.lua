@@ -13,7 +13,7 @@
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:retry:schedule
 -- KEYS[4] = dtq:retry:claimed   KEYS[5] = dtq:expiry   KEYS[6] = dtq:stream:<queue>:p<N>
 -- KEYS[7] = dtq:idempotency:<queue>:<key> (placeholder when none)
--- KEYS[8] = dtq:task:<id>:payload (the entry's payload; its TTL refreshed with the hash's)
+-- KEYS[8] = dtq:task:<id>:payload (the entry's payload; its lifetime the hash's)
 -- ARGV[1] task_id  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] event_id
 -- Returns {"queued", from, entry_id, attempt} | {"expired", from} | {"skip", why}
@@ -44,7 +44,7 @@ if exp and exp ~= '' and tonumber(exp) <= now then
     from = 'queued'
   end
   redis.call('HSET', KEYS[1], 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
-  keep(KEYS[1], KEYS[8], retention)
+  retain(KEYS[1], KEYS[8], retention)
   redis.call('ZREM', KEYS[3], task_id)
   redis.call('ZREM', KEYS[4], task_id)
   redis.call('ZREM', KEYS[5], task_id)
@@ -65,12 +65,12 @@ local entry_id = redis.call('XADD', stream, '*', 'task_id', task_id, 'queue', h[
   'task_type', h[3], 'payload', task_payload(KEYS[1], KEYS[8]), 'attempt', next_attempt,
   'max_attempts', h[5], 'priority', h[6], 'timeout_ms', h[7], 'idempotency_key', h[8] or '')
 redis.call('HSET', KEYS[1], 'status', 'queued', 'entry_id', entry_id, 'updated_at', ts)
-keep(KEYS[1], KEYS[8], retention)
+persist(KEYS[1], KEYS[8])
 redis.call('ZREM', KEYS[3], task_id)
 redis.call('ZREM', KEYS[4], task_id)
 if exp and exp ~= '' then redis.call('ZADD', KEYS[5], exp, task_id) end
 local retry = status == 'retrying'
-hist(KEYS[2], retention, ts, status, 'queued', attempt, nil, retry and 'retry' or 'due')
+hist(KEYS[2], nil, ts, status, 'queued', attempt, nil, retry and 'retry' or 'due')
 emit(ARGV[4], ARGV[5], ts, retry and 'TASK_RETRIED' or 'TASK_QUEUED', task_id, h[2], h[3],
   attempt, nil, {promoted = true, next_attempt = next_attempt, entry_id = entry_id})
 return {'queued', status, entry_id, next_attempt}

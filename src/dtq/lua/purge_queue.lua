@@ -9,7 +9,8 @@
 --     failed, history reason "purge", TASK_CANCELLED with metadata {from, purged};
 --   * metadata changed since the caller read it: left as is, its id returned as stale;
 --   * running or finished, or another queue's: untouched;
---   * hash gone (retention passed): its orphan entry or members are removed.
+--   * hash gone (deleted outside dtq, or expired under an older dtq, which gave waiting tasks a
+--     TTL): its orphan entry or members are removed.
 -- The first chunk carries the actor: the operation's one audit entry "purge" is atomic with it.
 --
 -- KEYS[1] = dtq:retry:schedule   KEYS[2] = dtq:retry:claimed   KEYS[3] = dtq:expiry
@@ -49,7 +50,7 @@ for i = 0, n - 1 do
     else
       redis.call('HSET', kh, 'status', 'cancelled', 'updated_at', ts, 'finished_at', ts,
         'metadata', ARGV[a + 5])
-      keep(kh, kpayload, retention)
+      retain(kh, kpayload, retention)
       redis.call('ZREM', KEYS[1], task_id)
       redis.call('ZREM', KEYS[2], task_id)
       redis.call('ZREM', KEYS[3], task_id)

@@ -7,7 +7,9 @@
 --                                                                  {"fenced", "owner:<id>" |
 --                                                                   "not_pending"}
 -- Then, in this order:
---   1. no task hash                           -> XACK + XDEL                   {"missing"}
+--   1. no task hash (deleted by hand)         -> XACK + XDEL, its idempotency record removed
+--      when it still says this task is processing (no task is left to answer a replay)
+--                                                                              {"missing"}
 --   2. terminal status (cancelled included)   -> XACK + XDEL, SREM cancelled   {"cancelled"} |
 --                                                                             {"terminal", status}
 --   3. the entry is not the hash's entry_id   -> XACK + XDEL, TASK_DUPLICATE_ABSORBED
@@ -22,7 +24,8 @@
 --   6. queued with expires_at_ms <= now (Redis TIME) -> EXPIRED, XACK + XDEL, expiry member
 --      removed, idempotency failed, TASK_EXPIRED                               {"expired"}
 --   7. otherwise RUNNING: attempt = hash attempt + 1, started_at, worker_id, expiry member
---      removed (a started task never expires), history, TASK_STARTED; the lease is renewed
+--      removed (a started task never expires), hash, history and payload without TTL however
+--      long it runs (DESIGN 11), history, TASK_STARTED; the lease is renewed
 --      (XCLAIM IDLE 0 JUSTID), so it runs a full visibility timeout from started_ms.
 --      {"run", attempt, max_attempts, timeout_ms, expires_at_ms or "", created_ms, started_ms}
 --
@@ -30,7 +33,7 @@
 -- KEYS[4] = dtq:cancelled   KEYS[5] = dtq:expiry
 -- KEYS[6] = dtq:idempotency:<queue>:<key> (placeholder when none)
 -- KEYS[7] = dtq:stream:dead-letter
--- KEYS[8] = dtq:task:<id>:payload (the dead-letter entry's payload; its TTL kept with the hash's)
+-- KEYS[8] = dtq:task:<id>:payload (the dead-letter entry's payload; its lifetime the hash's)
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] task retention s
 -- ARGV[6] idempotency TTL s  [7] events channel  [8] event_id  [9] DLQ enabled "1"/"0"
 -- ARGV[10] DLQ maxlen
@@ -54,6 +57,13 @@ local status = h[1]
 if not status then
   consume()
   redis.call('SREM', KEYS[4], task_id)
+  local rec = redis.call('GET', KEYS[6])
+  if rec then
+    local ok, r = pcall(cjson.decode, rec)
+    if ok and type(r) == 'table' and r.task_id == task_id and r.state == 'processing' then
+      redis.call('DEL', KEYS[6])
+    end
+  end
   return {'missing'}
 end
 if status == 'succeeded' or status == 'failed' or status == 'dead_lettered'
@@ -80,7 +90,7 @@ end
 -- A running task ends here without running again: cancelled, or dead (attempts exhausted).
 local function cancel_now(from, reason)
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ts, 'updated_at', ts)
-  keep(KEYS[1], KEYS[8], retention)
+  retain(KEYS[1], KEYS[8], retention)
   redis.call('ZREM', KEYS[5], task_id)
   redis.call('SREM', KEYS[4], task_id)
   consume()
@@ -118,7 +128,7 @@ if status == 'running' then
     end
     redis.call('HSET', KEYS[1], 'status', to, 'finished_at', ts, 'updated_at', ts,
       'error_class', 'WorkerLost', 'error_message', message, 'retryable', '1')
-    keep(KEYS[1], KEYS[8], retention)
+    retain(KEYS[1], KEYS[8], retention)
     redis.call('ZREM', KEYS[5], task_id)
     consume()
     idem_state(KEYS[6], idem, task_id, 'failed', ts, ARGV[6])
@@ -131,7 +141,7 @@ else
   local exp_ms = tonumber(h[6] or '')
   if exp_ms ~= nil and exp_ms <= now then
     redis.call('HSET', KEYS[1], 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
-    keep(KEYS[1], KEYS[8], retention)
+    retain(KEYS[1], KEYS[8], retention)
     redis.call('ZREM', KEYS[5], task_id)
     consume()
     idem_state(KEYS[6], idem, task_id, 'failed', ts, ARGV[6])
@@ -150,11 +160,11 @@ if prev > 0 then
   redis.call('HDEL', KEYS[1], 'finished_at', 'duration_ms', 'error_class', 'error_message',
     'retryable')
 end
-keep(KEYS[1], KEYS[8], retention)
+persist(KEYS[1], KEYS[8])
 redis.call('ZREM', KEYS[5], task_id)
 redis.call('XCLAIM', KEYS[3], group, worker, 0, entry_id, 'IDLE', 0, 'JUSTID')
 local reason = status == 'running' and 'redelivered' or 'started'
-hist(KEYS[2], retention, ts, status, 'running', attempt, worker, reason)
+hist(KEYS[2], nil, ts, status, 'running', attempt, worker, reason)
 emit(ARGV[7], ARGV[8], ts, 'TASK_STARTED', task_id, queue, task_type, attempt, worker,
   status == 'running' and {redelivered = true} or nil)
 return {'run', attempt, max_attempts, tonumber(h[5]) or 0, h[6] or '', h[11] or '', now}

@@ -12,7 +12,7 @@
 --   batch
 -- KEYS[T + 4i .. T + 3 + 4i], T = 5 + 10Q, for each task i = 0 .. n-1: dtq:task:<id>, its
 --   :history, dtq:idempotency:<queue>:<key> (placeholder when no key), its :payload (the payload
---   JSON, with the hash's TTL: docs/redis-schema.md)
+--   JSON, with the hash's lifetime: docs/redis-schema.md)
 -- ARGV[1] max queue depth  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] recent-index cap  [6] Q, the number of queues
 -- ARGV[7 + 15i .. 21 + 15i], for each task i: task_id, task_type, payload JSON, queue,
@@ -26,8 +26,8 @@
 -- Cost (docs/performance.md): per batch, the EVALSHA, TIME and the ISO timestamp, the XLENs of
 -- each queue, one ZADD + ZREMRANGEBYRANK of the recent index and one SADD per queue; per task,
 -- one HSET (the stream entry before it, so the hash is written once, and every value under 64
--- bytes: the hash stays compact), the payload SET, the history RPUSH, two EXPIRE, the XADD or
--- ZADD and the PUBLISH. The history entry and the event are JSON strings built by concatenation,
+-- bytes: the hash stays compact), the payload SET, the history RPUSH, the XADD or ZADD and the
+-- PUBLISH. A task that waits gets no TTL (DESIGN 11): its keys are new, so nothing to PERSIST. The history entry and the event are JSON strings built by concatenation,
 -- which is safe because every value in them is a validated task type or queue name (no
 -- character that JSON escapes), a hex id or a timestamp.
 -- Returns one reply per task, in order:
@@ -149,12 +149,14 @@ local function submit_one(a, k)
     'attempt', 0, 'max_attempts', max_attempts, 'priority', prio_s, 'timeout_ms', timeout_ms,
     'status', status, 'queue', queue, 'metadata', meta, 'expires_at', exp_iso,
     'expires_at_ms', exp_ms or '', unpack(tail))
-  -- A delayed task's retention starts when it is due: a task scheduled further out than
-  -- DTQ_TASK_RETENTION_S must not lose its hash before it runs.
-  local ttl = retention
-  if delayed then ttl = retention + math.ceil((due - now) / 1000) end
-  call('EXPIRE', khash, ttl)
-  call('SET', kpayload, payload, 'EX', ttl)  -- after the hash's EXPIRE (keep() in _lib)
+  -- Lifetimes (DESIGN 11, retain() in _lib): a task that waits has no TTL, however long it
+  -- waits; one expired at submit is terminal and gets the retention, the payload after the hash.
+  if expired then
+    call('EXPIRE', khash, retention)
+    call('SET', kpayload, payload, 'EX', retention)
+  else
+    call('SET', kpayload, payload)
+  end
   recent[#recent + 1] = (now_us + #recent / 2) / 1000
   recent[#recent + 1] = task_id
   if not listed[q] then
@@ -175,10 +177,10 @@ local function submit_one(a, k)
     return {'new', 'expired', '', now, due, exp_ms}
   end
   call('RPUSH', khist, h1)
-  call('EXPIRE', khist, ttl)
+  -- No TTL on the record while its task waits or runs: a duplicate submit never makes a second
+  -- task (idem_state in _lib gives it DTQ_IDEM_TTL_S when the task ends).
   if idem ~= '' then
-    call('SET', kidem, cjson.encode({task_id = task_id, state = 'processing', updated_at = ts}),
-      'EX', idem_ttl)
+    call('SET', kidem, cjson.encode({task_id = task_id, state = 'processing', updated_at = ts}))
   end
   if exp_ms then call('ZADD', KEYS[3], exp_ms, task_id) end
   local ev = ev_head .. 'TASK_QUEUED' .. ev_tail
