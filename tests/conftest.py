@@ -1,5 +1,7 @@
 """Real-Redis fixtures (DESIGN 8): one private redis-server per test session, a clean database
-per test. Set DTQ_TEST_REDIS_URL to use a server you started instead (it will be flushed)."""
+per test. DTQ_REDIS_SERVER picks the binary (redis, valkey, system or a path: dtq.devserver), for
+this server and every other one a test starts. Set DTQ_TEST_REDIS_URL to use a server you started
+instead (it will be flushed)."""
 
 from __future__ import annotations
 
