@@ -36,6 +36,9 @@ RECENT_CAP = 10_000
 SUBMIT_CHUNK = 32  # tasks per submit.lua call: ~0.4 ms of Redis, so no call runs long
 _LIST_CHUNK = 500
 
+_Outcome = Task | DtqError | ResponseError
+"""What one submit came to: its task, the error it was refused with, or its Redis error."""
+
 
 def ms_to_dt(ms: int | float | str) -> datetime:
     return datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
@@ -64,7 +67,7 @@ class Store:
     )
     # submit() calls waiting for the next batch, the batches being sent, and how many
     # submit batches are in flight.
-    _pending: builtins.list[tuple[SubmitRequest, asyncio.Future[Task | DtqError]]] = field(
+    _pending: builtins.list[tuple[SubmitRequest, asyncio.Future[_Outcome]]] = field(
         default_factory=list, init=False, repr=False, compare=False
     )
     _flushing: set[asyncio.Task[None]] = field(
@@ -148,12 +151,12 @@ class Store:
         if not self._in_flight:
             self._in_flight += 1
             try:
-                result = (await self.submit_many([req]))[0]
+                result = (await self._submit_each([req]))[0]
             finally:
                 self._in_flight -= 1
         else:
             loop = asyncio.get_running_loop()
-            fut: asyncio.Future[Task | DtqError] = loop.create_future()
+            fut: asyncio.Future[_Outcome] = loop.create_future()
             self._pending.append((req, fut))
             if len(self._pending) == 1:
                 flush = loop.create_task(self._flush_submits())
@@ -171,7 +174,7 @@ class Store:
             return
         self._in_flight += 1
         try:
-            results = await self.submit_many([req for req, _ in batch])
+            results = await self._submit_each([req for req, _ in batch])
         except BaseException as exc:
             for _, fut in batch:
                 if not fut.done():
@@ -188,28 +191,42 @@ class Store:
     async def submit_many(self, reqs: Sequence[SubmitRequest]) -> list[Task | DtqError]:
         """All submits in one round trip: one ``submit.lua`` call per ``SUBMIT_CHUNK`` tasks
         (several in one pipeline). Each item is the task or the error for that item; a Redis
-        error in any item (a wrong-type key, out of memory) is raised, as is a lost connection.
+        error in any item (a wrong-type key, out of memory) is raised once every reply is in
+        (the other items may have been committed), as is a lost connection.
         """
+        results = await self._submit_each(reqs)
+        for result in results:
+            if isinstance(result, ResponseError):
+                raise result
+        return cast(builtins.list[Task | DtqError], results)
+
+    async def _submit_each(self, reqs: Sequence[SubmitRequest]) -> builtins.list[_Outcome]:
+        """:meth:`submit_many` with a Redis error as the result of the items it failed (one
+        item; every item of a script call that raised), so that concurrent submits sharing a
+        batch each get their own outcome. A lost connection is raised: no outcome is known."""
         if not reqs:
             return []
         ids = [new_id() for _ in reqs]
         calls = self.submit_calls(reqs, ids)
         chunks = await self.scripts.call_many(self.redis, calls)
         replies: builtins.list[Any] = []
-        for chunk in chunks:
-            if isinstance(chunk, Exception):
-                raise chunk
-            replies += chunk
-        for reply in replies:
-            if reply[0] == "err" and reply[1] == "REDIS":
-                raise ResponseError(str(reply[2]))
+        for i, chunk in enumerate(chunks):
+            if isinstance(chunk, ResponseError):
+                replies += [chunk] * len(reqs[i * SUBMIT_CHUNK : (i + 1) * SUBMIT_CHUNK])
+            else:
+                replies += chunk
         # Replays return the stored tasks: all of them read in one more round trip.
-        dup_ids = [str(reply[2]) for reply in replies if reply[0] == "dup"]
+        dup_ids = [str(r[2]) for r in replies if not isinstance(r, Exception) and r[0] == "dup"]
         stored = {t.task_id: t for t in await self.get_many(dup_ids)}
-        out: list[Task | DtqError] = []
+        out: builtins.list[_Outcome] = []
         for req, task_id, reply in zip(reqs, ids, replies, strict=True):
+            if isinstance(reply, ResponseError):
+                out.append(reply)
+                continue
             kind = reply[0]
-            if kind == "new":
+            if kind == "err" and reply[1] == "REDIS":
+                out.append(ResponseError(str(reply[2])))
+            elif kind == "new":
                 out.append(_new_task(req, task_id, reply, self.settings))
             elif kind == "dup":
                 task = stored.get(str(reply[2]))
