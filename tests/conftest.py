@@ -14,7 +14,17 @@ from redis.asyncio import Redis
 
 from dtq import Queue, connect
 from dtq.config import Settings
-from dtq.devserver import RedisServer, start_redis
+from dtq.devserver import SERVER_ENV, RedisServer, find_redis_server, start_redis
+from dtq.errors import ConfigError
+
+
+def pytest_report_header() -> str:
+    """Which server binary this run starts (``make test`` runs on two)."""
+    try:
+        binary = find_redis_server()
+    except ConfigError as exc:
+        binary = f"none ({exc})"
+    return f"server: {SERVER_ENV}={os.environ.get(SERVER_ENV, '') or 'auto'}: {binary}"
 
 
 @pytest.fixture(scope="session")
