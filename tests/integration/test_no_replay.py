@@ -26,31 +26,35 @@ from dtq.models import Task
 from dtq.store import SUBMIT_CHUNK
 from dtq.worker.connection import worker_redis
 
-_EVALSHA = re.compile(rb"\*\d+\r\n\$7\r\nEVALSHA\r\n")  # a write that begins with an EVALSHA
+_EVALSHA = re.compile(rb"\*\d+\r\n\$7\r\nEVALSHA\r\n")  # the head of one EVALSHA command
 
 
 class LosingConnection(Connection):
-    """Loses the reply of the next EVALSHA once: Redis ran the script and answered, then the
-    connection is killed (CLIENT KILL from another client) and the reply never arrives."""
+    """Loses the last reply of the next write of script calls, once: Redis ran every script
+    of it and answered, then the connection is killed (CLIENT KILL from another client) and
+    that reply never arrives."""
 
     lose_next_script_reply = False
     killer: Redis | None = None
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         chunks = [command] if isinstance(command, bytes | str) else list(command)
-        first = chunks[0] if chunks else b""
-        self._evalsha_sent = isinstance(first, bytes) and bool(_EVALSHA.match(first))
+        self._replies_due = sum(
+            len(_EVALSHA.findall(c)) for c in chunks if isinstance(c, bytes | bytearray)
+        )
         await super().send_packed_command(chunks, check_health)
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         reply = await super().read_response(*args, **kwargs)
         cls = type(self)
-        if cls.lose_next_script_reply and getattr(self, "_evalsha_sent", False):
-            cls.lose_next_script_reply = False
-            assert cls.killer is not None
-            await cls.killer.client_kill_filter(laddr=self._local_addr())
-            await self.disconnect()
-            raise RedisConnectionError("connection lost before the reply was read")
+        if cls.lose_next_script_reply and getattr(self, "_replies_due", 0):
+            self._replies_due -= 1
+            if not self._replies_due:  # every script of the write has run
+                cls.lose_next_script_reply = False
+                assert cls.killer is not None
+                await cls.killer.client_kill_filter(laddr=self._local_addr())
+                await self.disconnect()
+                raise RedisConnectionError("connection lost before the reply was read")
         return reply
 
     def _local_addr(self) -> str:
