@@ -1,5 +1,7 @@
 """Real-Redis fixtures (DESIGN 8): one private redis-server per test session, a clean database
-per test. Set DTQ_TEST_REDIS_URL to use a server you started instead (it will be flushed)."""
+per test. DTQ_REDIS_SERVER picks the binary (redis, valkey, system or a path: dtq.devserver), for
+this server and every other one a test starts. Set DTQ_TEST_REDIS_URL to use a server you started
+instead (it will be flushed)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,17 @@ from redis.asyncio import Redis
 
 from dtq import Queue, connect
 from dtq.config import Settings
-from dtq.devserver import RedisServer, start_redis
+from dtq.devserver import SERVER_ENV, RedisServer, find_redis_server, start_redis
+from dtq.errors import ConfigError
+
+
+def pytest_report_header() -> str:
+    """Which server binary this run starts (``make test`` runs on two)."""
+    try:
+        binary = find_redis_server()
+    except ConfigError as exc:
+        binary = f"none ({exc})"
+    return f"server: {SERVER_ENV}={os.environ.get(SERVER_ENV, '') or 'auto'}: {binary}"
 
 
 @pytest.fixture(scope="session")

@@ -227,13 +227,17 @@ def _submit_call(reqs: Sequence[SubmitRequest], ids: Sequence[str], s: Settings)
 
 async def submit(
     db: Backend, reqs: Sequence[SubmitRequest], ids: Sequence[str]
-) -> list[SubmitReply]:
+) -> list[SubmitReply | ResponseError]:
     """submit.lua for ``reqs`` (task ids ``ids``), all chunks in one round trip; one reply per
-    task, in order. A Redis error in any task (a wrong-type key, out of memory) is raised, as is
-    a lost connection."""
+    task, in order. A Redis error is that task's result (a wrong-type key), or every task's of
+    its chunk when the whole call failed (out of memory), so that the tasks other calls
+    committed are still reported; a lost connection is raised (no outcome is known)."""
     chunks = await db.scripts.call_many(db.redis, submit_calls(reqs, ids, db.settings))
-    out: list[SubmitReply] = []
-    for chunk in chunks:
+    out: list[SubmitReply | ResponseError] = []
+    for i, chunk in enumerate(chunks):
+        if isinstance(chunk, ResponseError):
+            out += [chunk] * len(reqs[i * SUBMIT_CHUNK : (i + 1) * SUBMIT_CHUNK])
+            continue
         if isinstance(chunk, Exception):
             raise chunk
         for reply in chunk:
@@ -247,7 +251,7 @@ async def submit(
             elif kind == "dup":
                 out.append(SubmitReply("dup", status=str(reply[1]), task_id=str(reply[2])))
             elif reply[1] == "REDIS":
-                raise ResponseError(str(reply[2]))
+                out.append(ResponseError(str(reply[2])))
             else:
                 out.append(SubmitReply("err", code=str(reply[1]), detail=str(reply[2])))
     return out

@@ -29,7 +29,7 @@ from dtq import admin
 from dtq.admin import Audit
 from dtq.clock import redis_time_ms
 from dtq.config import Settings, load_settings
-from dtq.connection import use_hiredis_packing
+from dtq.connection import no_retry, use_hiredis_packing
 from dtq.errors import ConfigError, DtqError, InvalidTaskError, RedisUnavailableError
 from dtq.models import HistoryEntry, SubmitRequest, Task, TaskStatus, ttl_delta_seconds
 from dtq.scripts import Scripts
@@ -347,6 +347,7 @@ async def connect(
                 decode_responses=True,
                 health_check_interval=30,
                 socket_connect_timeout=5,
+                retry=no_retry(),
             )
         )
     except ValueError as exc:  # e.g. a port that is not a number

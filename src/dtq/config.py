@@ -134,7 +134,9 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 # DTQ_ variables read by dtq's own tools, not settings of a running dtq.
-_NOT_SETTINGS = frozenset({"DTQ_TEST_REDIS_URL", "DTQ_CHAOS_SEED", "DTQ_CHAOS_FULL"})
+_NOT_SETTINGS = frozenset(
+    {"DTQ_TEST_REDIS_URL", "DTQ_CHAOS_SEED", "DTQ_CHAOS_FULL", "DTQ_REDIS_SERVER"}
+)
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:

@@ -1,10 +1,15 @@
-"""Redis clients that pack commands with hiredis.
+"""Redis clients that pack commands with hiredis and never retry.
 
 redis-py's asyncio client packs every command in pure Python, per argument; a script call
 carries 20 to 40 arguments, so packing costs more client CPU than anything else dtq does per
 call. Where hiredis is installed (dtq depends on ``redis[hiredis]``) :func:`use_hiredis_packing`
 makes a client's connections pack with it, as redis-py's sync client already does. The wire
 format is the same. Used by the SDK (:func:`dtq.client.connect`, so the API too) and the worker.
+
+A retried command may already have run, and dtq's scripts are not replay-safe (a submit or a
+start run twice). Every client dtq builds is given :func:`no_retry`, not left to redis-py's
+default (none for ``from_url``, ten for ``Redis(host=...)``); :class:`dtq.scripts.Scripts`
+never re-sends a script call, whatever client it is handed.
 """
 
 from __future__ import annotations
@@ -14,8 +19,16 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
-__all__ = ["HIREDIS_AVAILABLE", "use_hiredis_packing"]
+__all__ = ["HIREDIS_AVAILABLE", "no_retry", "use_hiredis_packing"]
+
+
+def no_retry() -> Retry:
+    """The retry policy of every dtq client: a failed command is raised, never sent again."""
+    return Retry(NoBackoff(), 0)
+
 
 try:
     from redis.connection import HiredisRespSerializer

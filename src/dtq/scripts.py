@@ -6,6 +6,12 @@ again and only the calls that did not run are sent again, so nothing runs twice.
 is a plain EVALSHA (no pipeline machinery); a batch is one write of all its EVALSHAs on one
 pooled connection and its replies read in order: one round trip, no SCRIPT EXISTS before it
 (as redis-py's pipeline would add), no timer per reply.
+
+A call is sent at most once. Once its bytes may have reached Redis, a lost connection or a
+timeout is raised to the caller, never retried, whatever retry policy the client was built
+with (redis-py's ``execute_command`` would send the EVALSHA again, and submit, start,
+claim_due or cancel run twice); only connecting, before anything is written, follows it.
+dtq's own clients pin retries off as well (:func:`dtq.connection.no_retry`).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -79,19 +85,19 @@ class Scripts:
     async def _call_one(
         self, redis: Redis, name: str, keys: Sequence[str], args: Sequence[Any]
     ) -> Any:
-        sha = self.sha[name]
-        # The class's execute_command, not the instance's: a per-command metrics hook
-        # (dtq.metrics.count_commands) must not count a script call twice, as in a pipeline the
-        # call is reported once, by name, through ``on_call``.
-        send: Callable[..., Awaitable[Any]] = type(redis).execute_command
+        command = ("EVALSHA", self.sha[name], len(keys), *keys, *args)
+        # On a pooled connection of its own, not through execute_command: that retries by the
+        # client's policy, and it would count the call in a per-command metrics hook
+        # (dtq.metrics.count_commands), where a script call is reported once, by name,
+        # through ``on_call``.
         try:
             try:
-                result = await send(redis, "EVALSHA", sha, len(keys), *keys, *args)
+                result = await _send_once(redis, command)
             except ResponseError as err:
                 if not _is_noscript(err):
                     raise
                 await self.load(redis)  # NOSCRIPT: the call did not run; send it again
-                result = await send(redis, "EVALSHA", sha, len(keys), *keys, *args)
+                result = await _send_once(redis, command)
         except ResponseError:
             if self._on_call is not None:
                 self._on_call(name, False)
@@ -126,21 +132,31 @@ class Scripts:
     async def _send(self, redis: Redis, calls: Sequence[Call]) -> list[Any]:
         """The calls on one pooled connection: one write, then every reply in order under one
         socket timeout. A redis-py pipeline arms a timer per reply and adds per-call
-        bookkeeping (~10 us of a worker's CPU per task); a connection error is retried the
-        same way, with the client's retry policy, the connection dropped first."""
+        bookkeeping (~10 us of a worker's CPU per task). A lost connection or a timeout is
+        raised, never retried: some of the calls may have run."""
         commands = [("EVALSHA", self.sha[n], len(k), *k, *a) for n, k, a in calls]
         pool = redis.connection_pool
         conn: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
-            results = await conn.retry.call_with_retry(
-                lambda: _exchange(conn, commands), lambda _error: conn.disconnect()
-            )
+            results = await _exchange(conn, commands)
         finally:
             await pool.release(conn)
         return [
             NoScriptError(str(r)) if isinstance(r, ResponseError) and _is_noscript(r) else r
             for r in results
         ]
+
+
+async def _send_once(redis: Redis, command: Sequence[Any]) -> Any:
+    """One command on a pooled connection, sent once; its reply, or the error it raised (a
+    connection that failed, or was cancelled, mid-exchange is dropped by redis-py first)."""
+    pool = redis.connection_pool
+    conn: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+    try:
+        await conn.send_packed_command(conn.pack_command(*command))
+        return await conn.read_response()
+    finally:
+        await pool.release(conn)
 
 
 async def _exchange(conn: AbstractConnection, commands: Sequence[Sequence[Any]]) -> list[Any]:

@@ -35,6 +35,9 @@ __all__ = ["RECENT_CAP", "SUBMIT_CHUNK", "Store", "ms_to_dt", "new_id"]
 
 _LIST_CHUNK = 500
 
+_Outcome = Task | DtqError | ResponseError
+"""What one submit came to: its task, the error it was refused with, or its Redis error."""
+
 
 def ms_to_dt(ms: int | float | str) -> datetime:
     return datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
@@ -50,7 +53,7 @@ class Store:
     known_types: Collection[str] | None = None
     # submit() calls waiting for the next batch, the batches being sent, and how many
     # submit batches are in flight.
-    _pending: builtins.list[tuple[SubmitRequest, asyncio.Future[Task | DtqError]]] = field(
+    _pending: builtins.list[tuple[SubmitRequest, asyncio.Future[_Outcome]]] = field(
         default_factory=list, init=False, repr=False, compare=False
     )
     _flushing: set[asyncio.Task[None]] = field(
@@ -68,12 +71,12 @@ class Store:
         if not self._in_flight:
             self._in_flight += 1
             try:
-                result = (await self.submit_many([req]))[0]
+                result = (await self._submit_each([req]))[0]
             finally:
                 self._in_flight -= 1
         else:
             loop = asyncio.get_running_loop()
-            fut: asyncio.Future[Task | DtqError] = loop.create_future()
+            fut: asyncio.Future[_Outcome] = loop.create_future()
             self._pending.append((req, fut))
             if len(self._pending) == 1:
                 flush = loop.create_task(self._flush_submits())
@@ -91,7 +94,7 @@ class Store:
             return
         self._in_flight += 1
         try:
-            results = await self.submit_many([req for req, _ in batch])
+            results = await self._submit_each([req for req, _ in batch])
         except BaseException as exc:
             for _, fut in batch:
                 if not fut.done():
@@ -108,18 +111,31 @@ class Store:
     async def submit_many(self, reqs: Sequence[SubmitRequest]) -> list[Task | DtqError]:
         """All submits in one round trip (:func:`dtq.calls.submit`: one ``submit.lua`` call per
         ``SUBMIT_CHUNK`` tasks). Each item is the task or the error for that item; a Redis
-        error in any item (a wrong-type key, out of memory) is raised, as is a lost connection.
+        error in any item (a wrong-type key, out of memory) is raised once every reply is in
+        (the other items may have been committed), as is a lost connection.
         """
+        results = await self._submit_each(reqs)
+        for result in results:
+            if isinstance(result, ResponseError):
+                raise result
+        return cast(builtins.list[Task | DtqError], results)
+
+    async def _submit_each(self, reqs: Sequence[SubmitRequest]) -> builtins.list[_Outcome]:
+        """:meth:`submit_many` with a Redis error as the result of the items it failed (one
+        item; every item of a script call that raised), so that concurrent submits sharing a
+        batch each get their own outcome. A lost connection is raised: no outcome is known."""
         if not reqs:
             return []
         ids = [new_id() for _ in reqs]
         replies = await calls.submit(self, reqs, ids)
         # Replays return the stored tasks: all of them read in one more round trip.
-        dup_ids = [reply.task_id for reply in replies if reply.kind == "dup"]
+        dup_ids = [r.task_id for r in replies if not isinstance(r, Exception) and r.kind == "dup"]
         stored = {t.task_id: t for t in await self.get_many(dup_ids)}
-        out: list[Task | DtqError] = []
+        out: builtins.list[_Outcome] = []
         for req, task_id, reply in zip(reqs, ids, replies, strict=True):
-            if reply.kind == "new":
+            if isinstance(reply, ResponseError):
+                out.append(reply)
+            elif reply.kind == "new":
                 out.append(_new_task(req, task_id, reply, self.settings))
             elif reply.kind == "dup":
                 task = stored.get(reply.task_id)

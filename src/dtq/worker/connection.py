@@ -1,7 +1,8 @@
 """The worker's Redis client.
 
 The hot path sends two scripts per task with about 25 arguments each; its connections pack
-commands with hiredis (:func:`dtq.connection.use_hiredis_packing`), as the SDK's do.
+commands with hiredis (:func:`dtq.connection.use_hiredis_packing`), as the SDK's do, and never
+retry a command (:func:`dtq.connection.no_retry`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from dtq.config import Settings
-from dtq.connection import use_hiredis_packing
+from dtq.connection import no_retry, use_hiredis_packing
 
 __all__ = ["worker_redis"]
 
@@ -17,7 +18,8 @@ _SOCKET_TIMEOUT_S = 10.0
 
 
 def worker_redis(settings: Settings) -> Redis:
-    """An asyncio client for ``DTQ_REDIS_URL`` (decoded strings, bounded socket timeouts)."""
+    """An asyncio client for ``DTQ_REDIS_URL`` (decoded strings, bounded socket timeouts, no
+    retries)."""
     return use_hiredis_packing(
         Redis.from_url(
             settings.redis_url,
@@ -25,5 +27,6 @@ def worker_redis(settings: Settings) -> Redis:
             socket_connect_timeout=5,
             socket_timeout=_SOCKET_TIMEOUT_S,
             health_check_interval=30,
+            retry=no_retry(),
         )
     )
