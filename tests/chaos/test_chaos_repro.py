@@ -21,13 +21,14 @@ from pathlib import Path
 
 import pytest
 from chaos_checker import read_execs
-from chaos_harness import VISIBILITY_S, Cluster, EventLog, now_ns, wait_until
+from chaos_harness import VISIBILITY_S, Cluster, EventLog, now_ns
 from redis.asyncio import Redis
 
 from dtq import Queue, connect, keys
 from dtq.config import Settings
 from dtq.scripts import Scripts
 from dtq.worker.protocol import Entry, Outcome, StartReply, finish_call, start_call
+from support import wait_until
 
 STREAM = keys.stream("default", 5)
 

@@ -14,8 +14,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from dtq.log import bound, configure_logging, set_process_fields
 from dtq.worker import Worker
 from dtq.worker.telemetry import WorkerTelemetry
 from dtq_tasks import Handler, TaskContext
+from support import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "PAYLOAD-MARKER-31e7"
@@ -203,14 +203,6 @@ async def test_handler_and_lifecycle_lines_carry_the_task(settings: Settings, r:
 
 async def _status(r: Redis, task_id: str, status: str) -> bool:
     return await r.hget(keys.task(task_id), "status") == status
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {timeout_s}s")
-        await asyncio.sleep(0.02)
 
 
 # -- real processes ----------------------------------------------------------------------------

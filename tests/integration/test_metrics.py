@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from dtq.metrics import LABEL_NAMES, OTHER, Metrics, MetricsServer
 from dtq.worker import Worker
 from dtq.worker.telemetry import WorkerTelemetry
 from dtq_tasks import RetryableError, TaskContext, registry, task
+from support import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = __name__
@@ -128,16 +129,6 @@ def fast(settings: Settings, **overrides: Any) -> Settings:
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], timeout_s: float = 10.0, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout_s}s")
-        await asyncio.sleep(0.02)
 
 
 class Scrape:

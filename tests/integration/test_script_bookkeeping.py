@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 from redis.asyncio import Redis
-from test_worker_support import read_as, start_as
 
 from dtq import Queue, keys
 from dtq.config import Settings
 from dtq.scripts import Scripts
 from dtq.worker.protocol import Outcome, finish_call
 from dtq.worker.scheduler import Scheduler
+from support.worker import read_as, start_as
 
 OUTCOME_FIELDS = ("finished_at", "duration_ms", "error_class", "error_message", "retryable")
 

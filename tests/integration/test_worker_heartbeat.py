@@ -12,17 +12,6 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from test_worker_support import (
-    WorkerProcess,
-    calls,
-    fast,
-    handlers,
-    read_as,
-    running_worker,
-    wait_status,
-    wait_until,
-    wait_worker_ready,
-)
 
 from dtq import Queue, keys
 from dtq.clock import redis_time_ms
@@ -30,6 +19,16 @@ from dtq.config import Settings
 from dtq.scripts import Scripts
 from dtq.worker.protocol import touch_args
 from dtq_tasks import TaskContext
+from support import running_worker, wait_until
+from support.worker import (
+    WorkerProcess,
+    calls,
+    fast,
+    handlers,
+    read_as,
+    wait_status,
+    wait_worker_ready,
+)
 
 WORKER_FIELDS = {
     "worker_id",
