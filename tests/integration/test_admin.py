@@ -230,7 +230,7 @@ async def test_requeue_starts_a_new_life(queue: Queue, r: Redis) -> None:
     dlq_id = await dead_letter(r, task.task_id, attempts=4, error="disk full")
     async with Events(r) as events:
         got = await queue.requeue_dead_letter(task.task_id, audit=OPERATOR)
-        evs = await events.settled()
+        evs = await events.sync()
     assert got.status is TaskStatus.QUEUED and got.attempt == 0
     assert got.error_class is None and got.worker_id is None and got.finished_at is None
     # The user's metadata survives byte for byte ([] stays a list, big ints stay exact).
@@ -376,7 +376,7 @@ async def test_pause_and_resume(queue: Queue, r: Redis) -> None:
         assert await queue.resume_queue("mail", audit=OPERATOR) is True
         assert await queue.resume_queue("mail") is False
         assert await r.exists(keys.queue_paused("mail")) == 0
-        evs = await events.settled()
+        evs = await events.sync()
     assert [(e["type"], e["queue"], e["metadata"]) for e in evs] == [
         ("CONFIGURATION_CHANGED", "mail", {"queue": "mail", "paused": True}),
         ("CONFIGURATION_CHANGED", "mail", {"queue": "mail", "paused": False}),
@@ -459,7 +459,7 @@ async def test_purge_queue_events_and_empty_queue(queue: Queue, r: Redis) -> Non
     task = await queue.submit("echo_task", {}, queue="mail")
     async with Events(r) as events:
         assert await queue.purge_queue("mail") == 1
-        evs = await events.settled()
+        evs = await events.sync()
     [ev] = evs
     assert ev["type"] == "TASK_CANCELLED" and ev["task_id"] == task.task_id
     assert ev["metadata"] == {"from": "queued", "purged": True}

@@ -2,14 +2,18 @@
 
 ``raw`` keeps each event's JSON object as published (for tests of the wire shape), ``items``
 the same events parsed (:class:`dtq.events.Event`), in arrival order. The subscription is
-confirmed before the block starts, so nothing published inside it is missed."""
+confirmed before the block starts, and :meth:`Events.sync` (also run when the block ends
+without an error) waits for everything published before it, so nothing published inside the
+block is missed and an assertion that an event did not happen can fail: it publishes a token on
+a private channel of the same subscription, and Redis delivers a subscriber's messages in the
+order it ran the PUBLISHes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-import time
+import uuid
 from types import TracebackType
 from typing import Any
 
@@ -24,34 +28,42 @@ __all__ = ["Events"]
 
 class Events:
     """``async with Events(r) as events:``; then ``events.of(type, task_id)``,
-    ``await events.wait_for(type, task_id, count)``, ``await events.settled()``."""
+    ``await events.wait_for(type, task_id, count)``, ``await events.sync()``."""
 
     def __init__(self, r: Redis) -> None:
+        self._r = r
+        self._sync_channel = f"test:events-sync:{uuid.uuid4().hex}"
         self.pubsub = r.pubsub()
         self.raw: list[dict[str, Any]] = []
         self.items: list[Event] = []
-        self._last_at = time.monotonic()
+        self._synced: dict[str, asyncio.Event] = {}
         self._reader: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Events:
-        await self.pubsub.subscribe(keys.EVENTS)
-        confirmed = await self.pubsub.get_message(timeout=5.0)
-        assert confirmed is not None and confirmed["type"] == "subscribe", confirmed
+        await self.pubsub.subscribe(keys.EVENTS, self._sync_channel)
+        for _ in range(2):
+            confirmed = await self.pubsub.get_message(timeout=5.0)
+            assert confirmed is not None and confirmed["type"] == "subscribe", confirmed
         self._reader = asyncio.create_task(self._read())
         return self
 
     async def _read(self) -> None:
         while True:
             msg = await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-            if msg is not None:
-                self.raw.append(json.loads(msg["data"]))
-                self.items.append(Event.parse(msg["data"]))
-                self._last_at = time.monotonic()
+            if msg is None:
+                continue
+            if _text(msg["channel"]) == self._sync_channel:
+                self._synced[_text(msg["data"])].set()
+                continue
+            self.raw.append(json.loads(msg["data"]))
+            self.items.append(Event.parse(msg["data"]))
 
     async def __aexit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         assert self._reader is not None
+        if t is None:
+            await self.sync()
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
@@ -74,12 +86,17 @@ class Events:
         await wait_until(seen, timeout_s, f"{count} x {etype} {task_id or ''}".strip())
         return self.of(etype, task_id)
 
-    async def settled(self, idle_s: float = 0.05) -> list[dict[str, Any]]:
-        """The raw events once none has arrived for ``idle_s`` (what a change just published)."""
-
-        async def quiet() -> bool:
-            return time.monotonic() - self._last_at >= idle_s
-
-        self._last_at = max(self._last_at, time.monotonic())
-        await wait_until(quiet, 10.0, "events to settle", every_s=idle_s / 5)
+    async def sync(self, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+        """Wait until every event published before this call has arrived; returns ``raw``."""
+        token = uuid.uuid4().hex
+        arrived = self._synced[token] = asyncio.Event()
+        try:
+            await self._r.publish(self._sync_channel, token)
+            await asyncio.wait_for(arrived.wait(), timeout_s)
+        finally:
+            del self._synced[token]
         return self.raw
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
