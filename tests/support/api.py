@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -98,6 +97,3 @@ def error_of(resp: httpx.Response) -> dict[str, Any]:
     assert isinstance(err["details"], dict)
     assert resp.headers.get("x-request-id"), "every response carries X-Request-ID"
     return err
-
-
-assert MODULE in sys.modules
