@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 
 from bench.harness import NOOP_TASK, Env, iso_ms, live_entries, statuses, wait_until
 from bench.profile import process_cpu_s, redis_cpu_s
-from bench.workers import WorkerCli, find_worker, spawn_worker
+from bench.workers import spawn_worker
 from dtq import keys
 from dtq.devserver import start_redis
 
@@ -63,7 +63,6 @@ async def settled(pids: list[int]) -> None:
 
 async def drain_once(
     env: Env,
-    cli: WorkerCli,
     redis_pid: int,
     src: str,
     n: int,
@@ -77,7 +76,7 @@ async def drain_once(
         await r.set(keys.queue_paused("default"), "1")
         ids = await env.fill(q, n, NOOP_TASK)
         os.environ["PYTHONPATH"] = src  # the workers' dtq (bench.workers keeps the root first)
-        spawn_worker(env, cli, concurrency=concurrency, processes=processes)
+        spawn_worker(env, concurrency=concurrency, processes=processes)
         pids: list[int] = []
 
         async def ready() -> bool:
@@ -125,14 +124,11 @@ async def run(args: argparse.Namespace) -> None:
     server = start_redis(work / "redis")
     env = Env(redis_url=server.url, quick=False, work_dir=work, concurrency=args.concurrency)
     results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
-    cli = find_worker()  # this checkout's command line; each variant's dtq via PYTHONPATH
-    if isinstance(cli, str):
-        raise SystemExit(f"no worker: {cli}")
     try:
         for i in range(args.rounds):
             for name, src in variants if i % 2 == 0 else variants[::-1]:
                 got = await drain_once(
-                    env, cli, server.pid, src, args.n, args.concurrency, args.processes
+                    env, server.pid, src, args.n, args.concurrency, args.processes
                 )
                 results[name].append(got)
                 print(f"round {i + 1} {name}: {_line(got)}", flush=True)

@@ -34,7 +34,6 @@ __all__ = [
     "Result",
     "percentile",
     "redis_now_ms",
-    "skipped",
     "wait_until",
 ]
 
@@ -44,8 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NOOP_TASK = "bench.noop"
 RPUSH_TASK = "bench.rpush"
 RPUSH_KEY = "bench:rpush"  # the list the RPUSH handler appends to (not a dtq key)
-# Issue 8's reference machine (2 cores, Redis 7.0): the raw-Streams loops of the baseline.
-# An absolute target of the issue becomes a ratio to the same loop measured in the same run.
+# The reference machine (2 cores, Redis 7.0) of the absolute targets: its raw-Streams loops.
+# An absolute target becomes a ratio to the same loop measured in the same run.
 REFERENCE = {"xadd": 120_000.0, "consume_ack": 104_000.0, "consume_ack_hset": 66_000.0}
 PAYLOAD_100B = {"data": "x" * 89}  # compact JSON is exactly 100 bytes
 assert len(json.dumps(PAYLOAD_100B, separators=(",", ":"))) == 100
@@ -56,7 +55,7 @@ class Result:
     """One line of the report."""
 
     scenario: str
-    status: str = "ok"  # ok | skipped | error
+    status: str = "ok"  # ok | error
     figure: str = ""  # the headline figure's name, a key of ``values``
     unit: str = ""
     values: dict[str, Any] = field(default_factory=dict)
@@ -93,10 +92,6 @@ class Result:
         return (
             f"| {self.scenario} | {self.headline()} | {ratios} | {self.target} | {met} | {note} |"
         )
-
-
-def skipped(scenario: str, reason: str) -> Result:
-    return Result(scenario, status="skipped", note=reason)
 
 
 def _rounded(d: dict[str, Any]) -> dict[str, Any]:
@@ -190,7 +185,7 @@ class Managed:
 
 @dataclass
 class Env:
-    """One benchmark run: the private Redis, the settings, the mode and what exists."""
+    """One benchmark run: the private Redis, the settings, the mode and what was measured."""
 
     redis_url: str
     quick: bool

@@ -1,9 +1,8 @@
 """The ASGI app the HTTP enqueue scenario serves under uvicorn (``--factory``).
 
-dtq's own app from ``dtq.api.create_app(settings)`` when it exists, with one extra no-op POST
-route, ``/bench/noop``: the same process, middleware and JSON body as ``POST /api/v1/tasks``, but
-no dtq work, so it is the ceiling a submit endpoint can reach on this server. Without ``dtq.api``
-the app is a bare FastAPI app with that route only (the ceiling alone).
+dtq's own app from ``dtq.api.create_app(settings)`` with one extra no-op POST route,
+``/bench/noop``: the same process, middleware and JSON body as ``POST /api/v1/tasks``, but no dtq
+work, so it is the ceiling a submit endpoint can reach on this server.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from dtq.api import create_app
 from dtq.config import load_settings
 
 __all__ = ["NOOP_PATH", "create"]
@@ -20,12 +20,7 @@ NOOP_PATH = "/bench/noop"
 
 
 def create() -> FastAPI:
-    try:
-        from dtq.api import create_app
-    except ImportError:
-        app = FastAPI()
-    else:
-        app = create_app(load_settings())
+    app = create_app(load_settings())
 
     @app.post(NOOP_PATH, status_code=201)
     async def noop(body: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import NOOP_TASK, PAYLOAD_100B, Env, live_entries, wait_until
-from bench.workers import find_worker, spawn_worker
+from bench.workers import spawn_worker
 from dtq import Queue
 from dtq.devserver import start_redis
 
@@ -97,15 +97,12 @@ async def profile_submit(env: Env, pid: int, mode: str, n: int, tree: bool) -> N
 
 
 async def profile_drain(env: Env, pid: int, n: int, spy_out: str) -> None:
-    cli = find_worker()
-    if isinstance(cli, str):
-        raise SystemExit(f"no worker: {cli}")
     q = await env.queue()
     r = await env.redis()
     try:
         await env.fill(q, n, NOOP_TASK)
         r0, t0 = redis_cpu_s(pid), time.perf_counter()
-        worker = spawn_worker(env, cli, concurrency=env.concurrency)
+        worker = spawn_worker(env, concurrency=env.concurrency)
         spy = _py_spy(worker.proc.pid, spy_out) if spy_out else None
 
         async def drained() -> bool:

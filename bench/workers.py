@@ -1,20 +1,16 @@
 """Worker processes for the scenarios that need one, and the drain measurement they share.
 
-Until ``dtq.worker`` (and the handler contract ``dtq_tasks`` that ``bench.tasks`` uses) exists,
-:func:`find_worker` returns the reason, and those scenarios report ``skipped: <reason>``.
+Every worker is ``python -m dtq.worker --tasks bench.tasks`` (the same as ``dtq worker run``)
+in the project root. A worker that exits is an error of the scenario, never a skip: the smoke
+run (``tests/integration/test_bench_smoke.py``) fails when the worker cannot start.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
-from functools import cache
 
 from bench.harness import (
-    ROOT,
     Env,
     Managed,
     iso_ms,
@@ -26,58 +22,14 @@ from bench.harness import (
 from dtq.devserver import free_port
 from dtq.models import TaskStatus
 
-__all__ = ["DrainResult", "WorkerCli", "drain", "find_worker", "spawn_worker"]
+__all__ = ["DrainResult", "drain", "spawn_worker"]
 
 DEFAULT_CONCURRENCY = 128
-WORKER_COMMANDS = (
-    (sys.executable, "-m", "dtq.worker"),
-    (sys.executable, "-m", "dtq_cli", "worker", "run"),
-)
+WORKER_ARGS = ("-m", "dtq.worker", "--tasks", "bench.tasks")
 
 
-@dataclass(frozen=True)
-class WorkerCli:
-    argv: tuple[str, ...]
-    help: str
-
-    @property
-    def has_processes(self) -> bool:
-        return "--processes" in self.help
-
-
-@cache
-def find_worker() -> WorkerCli | str:
-    """The worker's command line, or why there is none yet."""
-    for mod in ("dtq.worker", "dtq_tasks"):
-        try:
-            if importlib.util.find_spec(mod) is None:
-                return f"{mod} does not exist yet"
-        except ImportError as exc:
-            return f"{mod} cannot be imported ({exc})"
-    try:
-        import bench.tasks  # noqa: F401
-    except Exception as exc:
-        return f"bench.tasks cannot be imported ({type(exc).__name__}: {exc})"
-    reasons = []
-    for argv in WORKER_COMMANDS:
-        try:
-            proc = subprocess.run(
-                [*argv, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
-            )
-        except subprocess.TimeoutExpired:
-            reasons.append(f"{' '.join(argv[1:])} --help did not answer within 60 s")
-            continue
-        if proc.returncode == 0 and "--concurrency" in proc.stdout:
-            return WorkerCli(argv, proc.stdout)
-        last = (proc.stderr.strip().splitlines() or ["no --concurrency option"])[-1]
-        reasons.append(f"{' '.join(argv[1:])} --help failed ({proc.returncode}): {last[:160]}")
-    return "; ".join(reasons)
-
-
-def spawn_worker(
-    env: Env, cli: WorkerCli, *, concurrency: int, processes: int = 1, **extra_env: str
-) -> Managed:
-    args = [*cli.argv[1:], "--concurrency", str(concurrency), "--tasks", "bench.tasks"]
+def spawn_worker(env: Env, *, concurrency: int, processes: int = 1, **extra_env: str) -> Managed:
+    args = [*WORKER_ARGS, "--concurrency", str(concurrency)]
     if processes != 1:
         args += ["--processes", str(processes)]
     extra = {"DTQ_WORKER_METRICS_PORT": str(free_port()), **extra_env}
@@ -107,7 +59,6 @@ class DrainResult:
 
 async def drain(
     env: Env,
-    cli: WorkerCli,
     ids: list[str],
     *,
     concurrency: int = DEFAULT_CONCURRENCY,
@@ -119,7 +70,7 @@ async def drain(
     try:
         spawn_ms = await redis_now_ms(r)
         t = time.monotonic()
-        worker = spawn_worker(env, cli, concurrency=concurrency, processes=processes)
+        worker = spawn_worker(env, concurrency=concurrency, processes=processes)
 
         async def done() -> bool:
             return not worker.alive() or await live_entries(r) == 0

@@ -5,7 +5,6 @@ a real worker."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import shlex
@@ -25,6 +24,7 @@ from dtq.metrics import LABEL_NAMES, MetricsServer
 from dtq.worker import Worker, load_task_modules
 from dtq.worker.telemetry import WorkerTelemetry
 from dtq_cli.parser import build_parser
+from support import started
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -212,20 +212,17 @@ async def _live_names(settings: Settings) -> set[str]:
     worker = Worker(s, handlers=handlers, on_redis_op=telemetry.metrics.script_call)
     telemetry.attach(worker)
     server = MetricsServer(telemetry.metrics.registry, "127.0.0.1", 0)
-    run = asyncio.create_task(worker.run())
     texts = []
     try:
-        await asyncio.wait_for(worker.started.wait(), 15)
-        async with httpx.AsyncClient() as c:
-            texts.append((await c.get(f"http://127.0.0.1:{server.port}/metrics")).text)
-        app = create_app(s)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-                texts.append((await c.get("/metrics")).text)
+        async with started(worker):
+            async with httpx.AsyncClient() as c:
+                texts.append((await c.get(f"http://127.0.0.1:{server.port}/metrics")).text)
+            app = create_app(s)
+            async with app.router.lifespan_context(app):
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                    texts.append((await c.get("/metrics")).text)
     finally:
-        worker.stop()
-        await asyncio.wait_for(run, 30)
         server.stop()
     names: set[str] = set()
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}

@@ -1,5 +1,7 @@
-"""The public surface is explicit: ``__all__`` of each core module names only what exists, and
-every public class or function a module defines is in it (like httpx's test of the same name).
+"""The public surface is explicit (like httpx's test of the same name): every public package
+and core module has a non-empty ``__all__`` that names only what exists; every public class or
+function a module defines, or a package re-exports from its modules, is in it; a package
+exports only its own classes and functions. A check that finds nothing to check fails.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import pytest
 
 import dtq
 
-CORE_MODULES = [
-    "dtq",
-    "dtq.admin",
+PACKAGES = ["dtq", "dtq.admin", "dtq.api", "dtq.metrics", "dtq.worker", "dtq_cli", "dtq_tasks"]
+"""Every public package: each names its surface in ``__all__``."""
+
+MODULES = [
     "dtq.client",
     "dtq.clock",
     "dtq.config",
@@ -23,42 +26,64 @@ CORE_MODULES = [
     "dtq.events",
     "dtq.keys",
     "dtq.log",
-    "dtq.metrics",
     "dtq.models",
     "dtq.retry",
     "dtq.scripts",
     "dtq.store",
     "dtq.views",
-    "dtq_tasks",
 ]
+"""Core modules whose ``__all__`` is checked too."""
 
 
 def _module(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
-@pytest.mark.parametrize("name", CORE_MODULES)
+def _definitions(module: ModuleType) -> dict[str, object]:
+    """The classes and functions bound to a public name of ``module`` that it defines (a
+    package: that it or one of its modules defines, which is what it re-exports). An alias
+    (``models.S = TaskStatus``) is not a definition, nor is what it imports from elsewhere."""
+    name = module.__name__
+    return {
+        attr: obj
+        for attr, obj in vars(module).items()
+        if not attr.startswith("_")
+        and (inspect.isclass(obj) or inspect.isfunction(obj))
+        and (obj.__module__ == name or obj.__module__.startswith(name + "."))
+        and obj.__name__ == attr
+    }
+
+
+@pytest.mark.parametrize("name", PACKAGES + MODULES)
 def test_all_names_exist(name: str) -> None:
     module = _module(name)
     exported = module.__all__
+    assert exported, f"{name}.__all__ is empty: its public surface is not named"
     assert len(exported) == len(set(exported)), f"{name}.__all__ has duplicates"
     missing = [n for n in exported if not hasattr(module, n)]
     assert not missing, f"{name}.__all__ names what it does not define: {missing}"
 
 
-@pytest.mark.parametrize("name", CORE_MODULES[1:])
+@pytest.mark.parametrize("name", PACKAGES + MODULES)
 def test_public_definitions_exported(name: str) -> None:
     module = _module(name)
-    defined = {
-        attr
-        for attr, obj in vars(module).items()
-        if not attr.startswith("_")
-        and (inspect.isclass(obj) or inspect.isfunction(obj))
-        and obj.__module__ == name
-        and obj.__name__ == attr  # an alias (models.S = TaskStatus) is not a definition
-    }
-    unlisted = defined - set(module.__all__)
+    defined = _definitions(module)
+    assert defined, f"{name}: no public class or function of its own found, nothing to check"
+    unlisted = set(defined) - set(module.__all__)
     assert not unlisted, f"{name}: public but not in __all__: {sorted(unlisted)}"
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_package_exports_only_its_own(name: str) -> None:
+    """A class or function a package exports is its own, not one it imported from elsewhere."""
+    module = _module(name)
+    foreign = [
+        attr
+        for attr in module.__all__
+        if (inspect.isclass(obj := getattr(module, attr)) or inspect.isfunction(obj))
+        and not (obj.__module__ == name or obj.__module__.startswith(name + "."))
+    ]
+    assert not foreign, f"{name}.__all__ re-exports what it does not define: {foreign}"
 
 
 def test_key_constants_exported() -> None:
@@ -69,7 +94,8 @@ def test_key_constants_exported() -> None:
         for attr, value in vars(keys).items()
         if attr.isupper() and isinstance(value, str) and value.startswith("dtq:")
     }
-    assert constants <= set(keys.__all__)
+    assert constants, "no key constant found: the check would be vacuous"
+    assert constants <= set(keys.__all__), sorted(constants - set(keys.__all__))
 
 
 def test_package_surface() -> None:

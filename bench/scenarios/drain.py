@@ -8,9 +8,9 @@ again just before (``baseline.refresh``).
 
 from __future__ import annotations
 
-from bench.harness import NOOP_TASK, RPUSH_KEY, RPUSH_TASK, Env, Result, skipped
+from bench.harness import NOOP_TASK, RPUSH_KEY, RPUSH_TASK, Env, Result
 from bench.scenarios import baseline
-from bench.workers import DEFAULT_CONCURRENCY, WorkerCli, drain, find_worker
+from bench.workers import DEFAULT_CONCURRENCY, drain
 
 SWEEP = (32, 128, 512)
 
@@ -25,7 +25,7 @@ def _ratios(env: Env, rate: float) -> dict[str, float]:
     return out
 
 
-async def _best_concurrency(env: Env, cli: WorkerCli) -> tuple[int, dict[str, float]]:
+async def _best_concurrency(env: Env) -> tuple[int, dict[str, float]]:
     rates: dict[str, float] = {}
     for c in SWEEP:
         await env.flush()
@@ -34,21 +34,18 @@ async def _best_concurrency(env: Env, cli: WorkerCli) -> tuple[int, dict[str, fl
             ids = await env.fill(q, 5_000, NOOP_TASK)
         finally:
             await q.close()
-        rates[str(c)] = (await drain(env, cli, ids, concurrency=c)).rate
+        rates[str(c)] = (await drain(env, ids, concurrency=c)).rate
     best = max(rates, key=lambda k: rates[k])
     return int(best), rates
 
 
 async def run(env: Env) -> list[Result]:
-    cli = find_worker()
-    if isinstance(cli, str):
-        return [skipped("drain.noop", cli), skipped("drain.rpush", cli)]
     await env.flush()
     await baseline.refresh(env)
     sweep: dict[str, float] = {}
     conc = DEFAULT_CONCURRENCY
     if not env.quick:
-        conc, sweep = await _best_concurrency(env, cli)
+        conc, sweep = await _best_concurrency(env)
     env.concurrency = conc
     n = env.n(20_000, 300)
     out = []
@@ -59,7 +56,7 @@ async def run(env: Env) -> list[Result]:
             ids = await env.fill(q, n, task_type)
         finally:
             await q.close()
-        res = await drain(env, cli, ids, concurrency=conc)
+        res = await drain(env, ids, concurrency=conc)
         note = f"{n:,} tasks, 1 process, --concurrency {conc}"
         if task_type == RPUSH_TASK:
             r = await env.redis()

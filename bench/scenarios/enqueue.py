@@ -46,7 +46,7 @@ async def _many(q: Queue, n: int, batch: int) -> float:
 
 
 def _target(env: Env, rate: float, goal: float | None) -> dict[str, Any]:
-    """Issue 8's absolute target, judged as a ratio to this run's pipelined XADD (the target
+    """An absolute target, judged as a ratio to this run's pipelined XADD (the target
     over the reference machine's 120k/s), so a slower or busier machine is judged fairly."""
     if goal is None:
         return {}

@@ -11,30 +11,17 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import time
 from typing import Any
 
 from redis.asyncio import Redis
 
-from bench.harness import NOOP_TASK, Env, Result, redis_now_ms, skipped, wait_until
+from bench.harness import NOOP_TASK, Env, Result, redis_now_ms, wait_until
 from bench.scenarios.latency import paced_load, warm_worker
-from bench.workers import find_worker, spawn_worker
+from bench.workers import spawn_worker
 from dtq import Queue, keys
 from dtq.store import ms_to_dt
-
-
-def _scheduler_missing() -> str:
-    try:
-        if importlib.util.find_spec("dtq.worker.scheduler") is None:
-            return "dtq.worker.scheduler does not exist yet"
-    except ImportError as exc:
-        return f"dtq.worker.scheduler cannot be imported ({exc})"
-    from dtq.worker import scheduler
-
-    if not hasattr(scheduler, "Scheduler") or not hasattr(scheduler.Scheduler, "tick"):
-        return "dtq.worker.scheduler has no Scheduler.tick() yet"
-    return ""
+from dtq.worker.scheduler import SWEEP_RATE
 
 
 async def _fill_expiring(env: Env, q: Queue, r: Redis, n: int, extra_s: float) -> int:
@@ -125,11 +112,8 @@ async def _redis_cpu_s(r: Redis) -> float:
 
 
 def _pace() -> str:
-    """The sweep's own pace, where the scheduler has one."""
-    from dtq.worker import scheduler
-
-    rate = getattr(scheduler, "SWEEP_RATE", None)
-    return f"; the sweep paces itself at {rate:,}/s" if rate else ""
+    """The sweep's own pace."""
+    return f"; the sweep paces itself at {SWEEP_RATE:,}/s"
 
 
 async def _during_drain(env: Env, n: int) -> Result:
@@ -137,9 +121,6 @@ async def _during_drain(env: Env, n: int) -> Result:
     deadline while the worker's own scheduler sweeps the ``n`` tasks (at ``SWEEP_RATE`` the sweep
     outlasts the window). The difference is the sweep's own effect, whatever the worker's
     latency without it."""
-    cli = find_worker()
-    if isinstance(cli, str):
-        return skipped("expiration.latency_during_sweep", cli)
     await env.flush()
     q = await env.queue()
     r = await env.redis()
@@ -148,8 +129,8 @@ async def _during_drain(env: Env, n: int) -> Result:
     try:
         # The deadline leaves time for the worker's warm-up and the window without the sweep.
         deadline_ms = await _fill_expiring(env, q, r, n, extra_s=duration + (2 if env.quick else 8))
-        spawn_worker(env, cli, concurrency=env.concurrency)
-        await warm_worker(q, r)
+        worker = spawn_worker(env, concurrency=env.concurrency)
+        await warm_worker(worker, q, r)
         if await redis_now_ms(r) + duration * 1000 + 500 > deadline_ms:
             raise RuntimeError("the fill and the warm-up left no time for the window without sweep")
         before = await paced_load(env, q, r, duration)
@@ -200,11 +181,5 @@ async def _during_drain(env: Env, n: int) -> Result:
 
 
 async def run(env: Env) -> list[Result]:
-    reason = _scheduler_missing()
-    if reason:
-        return [
-            skipped("expiration.sweep", reason),
-            skipped("expiration.latency_during_sweep", reason),
-        ]
     n = env.n(100_000, 500)
     return [*await _sweep(env, n), await _during_drain(env, n)]

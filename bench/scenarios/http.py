@@ -2,15 +2,14 @@
 process, beside a no-op POST route of the same app in the same process as its ceiling.
 
 The ceiling is measured before and after the submit run and averaged, so drift on a shared
-machine shows in both. Without ``dtq.api`` the ceiling alone is measured.
+machine shows in both.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
-from bench.harness import NOOP_TASK, PAYLOAD_100B, Env, Result, skipped
+from bench.harness import NOOP_TASK, PAYLOAD_100B, Env, Result
 from bench.http_app import NOOP_PATH
 from bench.http_load import LoadResult, post_load, wait_ready
 from dtq.devserver import free_port
@@ -30,7 +29,6 @@ def _bad(res: LoadResult) -> str:
 
 
 async def run(env: Env) -> list[Result]:
-    have_api = importlib.util.find_spec("dtq.api") is not None and _has_create_app()
     await env.flush()
     port = free_port()
     server = env.spawn(
@@ -50,12 +48,10 @@ async def run(env: Env) -> list[Result]:
         noop1 = await post_load(
             HOST, port, NOOP_PATH, body, concurrency=CLIENTS, duration_s=duration
         )
-        sub: LoadResult | None = None
-        if have_api:
-            await post_load(HOST, port, SUBMIT_PATH, body, concurrency=CLIENTS, duration_s=warm)
-            sub = await post_load(
-                HOST, port, SUBMIT_PATH, body, concurrency=CLIENTS, duration_s=duration
-            )
+        await post_load(HOST, port, SUBMIT_PATH, body, concurrency=CLIENTS, duration_s=warm)
+        sub = await post_load(
+            HOST, port, SUBMIT_PATH, body, concurrency=CLIENTS, duration_s=duration
+        )
         noop2 = await post_load(
             HOST, port, NOOP_PATH, body, concurrency=CLIENTS, duration_s=duration
         )
@@ -75,9 +71,6 @@ async def run(env: Env) -> list[Result]:
             "one uvicorn process, measured before and after the submit run",
         )
     ]
-    if sub is None:
-        out.append(skipped("enqueue.http_submit", "dtq.api (create_app) does not exist yet"))
-        return out
     rate = _ok(sub) / sub.elapsed_s
     xadd = env.baseline.get("xadd")
     out.append(
@@ -94,11 +87,3 @@ async def run(env: Env) -> list[Result]:
         )
     )
     return out
-
-
-def _has_create_app() -> bool:
-    try:
-        from dtq.api import create_app  # noqa: F401
-    except ImportError:
-        return False
-    return True

@@ -20,29 +20,34 @@ from bench.harness import (
     NOOP_TASK,
     PAYLOAD_100B,
     Env,
+    Managed,
     Result,
     iso_ms,
     percentile,
-    skipped,
     statuses,
     wait_until,
 )
-from bench.workers import find_worker, spawn_worker
+from bench.workers import spawn_worker
 from dtq import Queue, keys
 from dtq.models import TaskStatus
 
 RATE = 200
 
 
-async def warm_worker(q: Queue, r: Redis, timeout_s: float = 60) -> None:
-    """Submit one task and wait for it to succeed: the worker is up and polling."""
+async def warm_worker(worker: Managed, q: Queue, r: Redis, timeout_s: float = 60) -> None:
+    """Submit one task and wait for it to succeed: the worker is up and polling. A worker that
+    exits instead is an error at once, with the end of its output."""
     task = await q.submit(NOOP_TASK, PAYLOAD_100B)
 
     async def done() -> bool:
+        if not worker.alive():
+            return True
         return await r.hget(keys.task(task.task_id), "status") == TaskStatus.SUCCEEDED.value
 
     if not await wait_until(done, timeout_s, interval_s=0.05):
         raise RuntimeError(f"the worker did not run a task within {timeout_s:.0f} s")
+    if not worker.alive():
+        raise RuntimeError(f"the worker exited ({worker.proc.returncode}): {worker.tail()}")
 
 
 async def paced_load(env: Env, q: Queue, r: Redis, duration_s: float) -> dict[str, Any]:
@@ -111,16 +116,13 @@ async def paced_load(env: Env, q: Queue, r: Redis, duration_s: float) -> dict[st
 
 
 async def run(env: Env) -> list[Result]:
-    cli = find_worker()
-    if isinstance(cli, str):
-        return [skipped("latency.submit_to_start", cli)]
     await env.flush()
     duration = 1.0 if env.quick else 10.0
     q = await env.queue()
     r = await env.redis()
     try:
-        spawn_worker(env, cli, concurrency=env.concurrency)
-        await warm_worker(q, r)
+        worker = spawn_worker(env, concurrency=env.concurrency)
+        await warm_worker(worker, q, r)
         values = await paced_load(env, q, r, duration)
     finally:
         env.stop_children()

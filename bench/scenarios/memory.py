@@ -12,8 +12,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from bench.harness import NOOP_TASK, Env, Result, skipped
-from bench.workers import drain, find_worker
+from bench.harness import NOOP_TASK, Env, Result
+from bench.workers import drain
 from dtq import keys
 
 
@@ -57,11 +57,7 @@ async def run(env: Env) -> list[Result]:
                 f"{sample['hash_bytes']} B; {cfg}",
             )
         )
-        cli = find_worker()
-        if isinstance(cli, str):
-            out.append(skipped("memory.completed_task", cli))
-            return out
-        await drain(env, cli, ids, concurrency=env.concurrency)
+        await drain(env, ids, concurrency=env.concurrency)
         done = (await _used(r) - before) / n
         sample = await _sample(r, ids[0])
         out.append(

@@ -7,8 +7,8 @@ show the cost of oversubscription rather than a gain.
 
 from __future__ import annotations
 
-from bench.harness import NOOP_TASK, Env, Result, skipped
-from bench.workers import drain, find_worker
+from bench.harness import NOOP_TASK, Env, Result
+from bench.workers import drain
 
 PROCESSES = (1, 2, 4)
 ORDER = (1, 2, 4, 2, 1)  # there and back: a drift of the machine's load hits each count alike
@@ -16,11 +16,6 @@ QUICK_ORDER = (1, 2)  # the smoke run keeps to its time budget
 
 
 async def run(env: Env) -> list[Result]:
-    cli = find_worker()
-    if isinstance(cli, str):
-        return [skipped("scaling.processes", cli)]
-    if not cli.has_processes:
-        return [skipped("scaling.processes", "the worker has no --processes option yet")]
     n = env.n(20_000, 300)
     runs: dict[int, list[float]] = {}
     order = QUICK_ORDER if env.quick else ORDER
@@ -31,7 +26,7 @@ async def run(env: Env) -> list[Result]:
             ids = await env.fill(q, n, NOOP_TASK)
         finally:
             await q.close()
-        res = await drain(env, cli, ids, concurrency=env.concurrency, processes=procs)
+        res = await drain(env, ids, concurrency=env.concurrency, processes=procs)
         runs.setdefault(procs, []).append(res.rate)
     await env.flush()
     rates = {p: sum(v) / len(v) for p, v in runs.items()}

@@ -3,4 +3,6 @@
 The entry point is :func:`dtq_cli.cli.main`; ``docs/cli.md`` is the reference.
 """
 
-__all__: list[str] = []
+from dtq_cli.cli import main
+
+__all__ = ["main"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import schemathesis
 from chaos_checker import Report, iso_ms, percentile
-from chaos_harness import Cluster, Scale, now_ns, running, wait_until
+from chaos_harness import Cluster, Scale, now_ns, running
 from chaos_load import LoadGen, work_specs
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hyp_settings
@@ -27,6 +27,8 @@ from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.uri import parse_uri
+
+from support import wait_until
 
 MB = 1 << 20
 API_KEY = "chaos-key-0123456789"

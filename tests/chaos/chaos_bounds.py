@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from chaos_checker import Report, check, require_clean
-from chaos_harness import CHAOS_DIR, REPO, Cluster, Proc, Scale, running, wait_until
+from chaos_harness import CHAOS_DIR, REPO, Cluster, Proc, Scale, running
 from chaos_load import LoadGen, Spec, all_task_ids, wait_quiet, work_specs
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 from dtq import keys
 from dtq.models import IDEMPOTENCY_KEY_MAX
 from dtq.store import RECENT_CAP
+from support import wait_until
 
 # -- what the docs promise about keys ----------------------------------------------------------
 

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dtq import keys
 from dtq.config import Settings
 from dtq.devserver import RedisServer, free_port, start_redis
+from support import wait_until
 
 CHAOS_DIR = Path(__file__).resolve().parent
 REPO = CHAOS_DIR.parents[1]
@@ -82,16 +83,6 @@ def full_run() -> bool:
 
 def now_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_REALTIME)
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], timeout_s: float, what: str, every_s: float = 0.05
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached within {timeout_s:.0f}s")
-        await asyncio.sleep(every_s)
 
 
 # -- processes ----------------------------------------------------------------------------------

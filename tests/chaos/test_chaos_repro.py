@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from chaos_checker import read_execs
-from chaos_harness import VISIBILITY_S, Cluster, EventLog, now_ns, wait_until
+from chaos_harness import VISIBILITY_S, Cluster, EventLog, now_ns
 from redis.asyncio import Redis
 
 from dtq import Queue, connect, keys
@@ -29,6 +29,7 @@ from dtq.calls import Entry, Outcome, StartReply, finish_call, finish_many, star
 from dtq.config import Settings
 from dtq.scripts import Scripts
 from dtq.store import Store
+from support import wait_until
 
 STREAM = keys.stream("default", 5)
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_worker_support import WorkerProcess, write_task_module
+
+from support.worker import WorkerProcess, write_task_module
 
 
 @pytest.fixture

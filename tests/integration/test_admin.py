@@ -9,16 +9,10 @@ the contract's fields), so these tests do not depend on a running worker.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
 
 from dtq import Queue, TaskStatus, admin, calls, connect_sync, keys
 from dtq.admin import Audit
@@ -32,23 +26,13 @@ from dtq.errors import (
     WorkerNotFoundError,
 )
 from dtq.models import format_ts, parse_ts
+from support import Events
 
 MISSING_ID = "f" * 32
 OPERATOR = Audit(actor="cli:ops@host", request_id="req-1")
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], timeout_s: float = 5.0, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"{what} not reached within {timeout_s}s")
 
 
 async def redis_ms(r: Redis) -> int:
@@ -134,28 +118,6 @@ async def deliver(r: Redis, task_id: str, *, start: bool) -> str:
             mapping={"status": "running", "attempt": 1, "started_at": now, "worker_id": "w1"},
         )
     return str(entry_id)
-
-
-@asynccontextmanager
-async def events(r: Redis) -> AsyncIterator[Callable[[], Awaitable[list[dict[str, Any]]]]]:
-    """Subscribe to dtq:events; the yielded function returns what arrived so far."""
-    ps: PubSub = r.pubsub()
-    await ps.subscribe(keys.EVENTS)
-    await ps.get_message(timeout=1.0)  # the subscribe confirmation
-    seen: list[dict[str, Any]] = []
-
-    async def drain() -> list[dict[str, Any]]:
-        while True:
-            msg = await ps.get_message(ignore_subscribe_messages=True, timeout=0.05)
-            if msg is None:
-                return seen
-            seen.append(json.loads(msg["data"]))
-
-    try:
-        yield drain
-    finally:
-        await ps.unsubscribe()
-        await ps.aclose()
 
 
 async def audit_entries(r: Redis) -> list[dict[str, str]]:
@@ -266,9 +228,9 @@ async def test_requeue_starts_a_new_life(queue: Queue, r: Redis) -> None:
         "echo_task", {"n": 1}, queue="mail", priority=7, idempotency_key="order-1", metadata=meta
     )
     dlq_id = await dead_letter(r, task.task_id, attempts=4, error="disk full")
-    async with events(r) as seen:
+    async with Events(r) as events:
         got = await queue.requeue_dead_letter(task.task_id, audit=OPERATOR)
-        evs = await seen()
+        evs = await events.sync()
     assert got.status is TaskStatus.QUEUED and got.attempt == 0
     assert got.error_class is None and got.worker_id is None and got.finished_at is None
     # The user's metadata survives byte for byte ([] stays a list, big ints stay exact).
@@ -405,7 +367,7 @@ async def test_dlq_purge_of_an_empty_dlq_is_still_audited(queue: Queue, r: Redis
 
 
 async def test_pause_and_resume(queue: Queue, r: Redis) -> None:
-    async with events(r) as seen:
+    async with Events(r) as events:
         assert await queue.pause_queue("mail", audit=OPERATOR) is True
         assert await queue.pause_queue("mail", audit=OPERATOR) is False
         assert await r.get(keys.queue_paused("mail")) == "1"
@@ -414,7 +376,7 @@ async def test_pause_and_resume(queue: Queue, r: Redis) -> None:
         assert await queue.resume_queue("mail", audit=OPERATOR) is True
         assert await queue.resume_queue("mail") is False
         assert await r.exists(keys.queue_paused("mail")) == 0
-        evs = await seen()
+        evs = await events.sync()
     assert [(e["type"], e["queue"], e["metadata"]) for e in evs] == [
         ("CONFIGURATION_CHANGED", "mail", {"queue": "mail", "paused": True}),
         ("CONFIGURATION_CHANGED", "mail", {"queue": "mail", "paused": False}),
@@ -495,9 +457,9 @@ async def test_purge_queue_cancels_what_has_not_started(queue: Queue, r: Redis) 
 
 async def test_purge_queue_events_and_empty_queue(queue: Queue, r: Redis) -> None:
     task = await queue.submit("echo_task", {}, queue="mail")
-    async with events(r) as seen:
+    async with Events(r) as events:
         assert await queue.purge_queue("mail") == 1
-        evs = await seen()
+        evs = await events.sync()
     [ev] = evs
     assert ev["type"] == "TASK_CANCELLED" and ev["task_id"] == task.task_id
     assert ev["metadata"] == {"from": "queued", "purged": True}

@@ -9,19 +9,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
-from test_api_support import (
-    API_KEY,
-    Api,
-    api_settings,
-    error_of,
-    running_api,
-    running_worker,
-    wait_until,
-)
 
 from dtq import keys
 from dtq.api.auth import key_id
 from dtq.config import Settings
+from support import running_worker, wait_until
+from support.api import API_KEY, Api, api_settings, error_of, running_api
 
 pytestmark = pytest.mark.asyncio
 

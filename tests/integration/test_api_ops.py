@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 from redis.asyncio import Redis
-from test_api_support import Api, api_settings, error_of, running_api
 
 from dtq import keys
 from dtq.api.limits import ENVELOPE_BYTES
 from dtq.config import Settings
 from dtq.devserver import start_redis
+from support.api import Api, api_settings, error_of, running_api
 
 pytestmark = pytest.mark.asyncio
 

@@ -17,10 +17,10 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-from test_api_support import api_settings
 
 from dtq.api import create_app
 from dtq.config import Settings
+from support.api import api_settings
 
 EXAMPLES_PER_OPERATION = 30
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from test_api_support import Api, api_settings, error_of, running_api
 
 from dtq import keys
 from dtq.config import Settings
+from support.api import Api, api_settings, error_of, running_api
 
 pytestmark = pytest.mark.asyncio
 

@@ -12,7 +12,6 @@ import contextlib
 import fnmatch
 import json
 import re
-import time
 from typing import Any
 
 from redis.asyncio import Redis
@@ -23,6 +22,7 @@ from dtq.config import Settings
 from dtq.errors import IdempotencyInProgressError, QueueFullError
 from dtq.models import NOT_STARTED, TaskStatus
 from dtq.store import RECENT_CAP
+from support import wait_until
 
 # Keys without a TTL, each with the reason it cannot grow without bound.
 BOUNDED: dict[str, str] = {
@@ -52,13 +52,18 @@ LIVE = {"pending", "queued", "retrying", "running"}
 
 
 async def wait_until_redis_ms(r: Redis, target_ms: int, timeout_s: float = 5.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    """Wait until the Redis clock reads ``target_ms``; returns its reading (polled back to
+    back: a millisecond matters)."""
+    now = 0
+
+    async def reached() -> bool:
+        nonlocal now
         sec, usec = await r.time()
         now = int(sec) * 1000 + int(usec) // 1000
-        if now >= target_ms:
-            return now
-    raise AssertionError(f"Redis clock did not reach {target_ms} within {timeout_s}s")
+        return now >= target_ms
+
+    await wait_until(reached, timeout_s, f"Redis clock at {target_ms}", every_s=0)
+    return now
 
 
 async def mixed_workload(q: Queue, small: Queue, r: Redis) -> None:

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 import redis as sync_redis
-from test_cli_support import MISSING_ID, Cli, async_wait_until, running_worker
 
 from dtq import Queue, keys
 from dtq_tasks import Handler, PermanentError, TaskContext
+from support import running_worker, wait_until
+from support.cli import MISSING_ID, Cli, fast_settings
 
 ACTOR = f"cli:{getpass.getuser()}@{socket.gethostname()}"
 
@@ -40,7 +41,9 @@ async def dead_letter(cli: Cli, redis_url: str, queue: Queue, count: int) -> lis
         raise PermanentError(f"cannot handle {payload}")
 
     ids = []
-    async with running_worker(redis_url, {"boom": Handler("boom", boom)}):
+    async with running_worker(
+        fast_settings(redis_url), {"boom": Handler("boom", boom)}, force_stop=True
+    ):
         for n in range(count):
             run = await asyncio.to_thread(
                 cli.ok, "submit", "--type", "boom", "--payload", f'{{"n": {n}}}', "--json"
@@ -51,7 +54,7 @@ async def dead_letter(cli: Cli, redis_url: str, queue: Queue, count: int) -> lis
             tasks = [await queue.get(i) for i in ids]
             return all(t.status == "dead_lettered" for t in tasks)
 
-        await async_wait_until(all_dead, what="the tasks dead-lettered")
+        await wait_until(all_dead, what="the tasks dead-lettered")
     return ids
 
 

@@ -9,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from test_cli_support import DTQ, MISSING_ID, Cli, Run, clean_env
 
 from dtq import Queue, TaskStatus, connect_sync
 from dtq.devserver import free_port
 from dtq_cli.output import STATUS_COLOUR, human_duration, relative
+from support.cli import DTQ, MISSING_ID, Cli, Run, clean_env
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_cli_support import DTQ, REPO, Cli, clean_env, wait_until
 
 from dtq.devserver import free_port
+from support import wait_until_sync
+from support.cli import DTQ, REPO, Cli, clean_env
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +72,7 @@ def test_worker_run_serves_the_given_queues_with_the_given_modules(
     argv = [DTQ, "worker", "run", "--queue", "emails", "--queue", "other",
             "--concurrency", "2", "--tasks", "cli_demo_tasks"]  # fmt: skip
     with process(argv, cwd=tmp_path, env=clean_env(redis_url, **FAST)) as worker:
-        wait_until(lambda: succeeded(cli, emails) and succeeded(cli, other), what="both run")
+        wait_until_sync(lambda: succeeded(cli, emails) and succeeded(cli, other), what="both run")
         assert cli.ok("get", emails, "--json").json()["result"] == {
             "text": "HI",
             "queue": "emails",
@@ -86,13 +87,13 @@ def test_worker_run_with_several_processes(cli: Cli, redis_url: str, tmp_path: P
     (tmp_path / "cli_demo_tasks.py").write_text(TASKS_MODULE)
     argv = [DTQ, "worker", "run", "--processes", "2", "--tasks", "cli_demo_tasks"]
     with process(argv, cwd=tmp_path, env=clean_env(redis_url, **FAST)) as worker:
-        wait_until(
+        wait_until_sync(
             lambda: cli.ok("queue", "stats", "default", "--json").json()["workers_active"] == 2,
             timeout_s=30,
             what="two worker processes",
         )
         task_id = cli.submit("--type", "cli_upper", "--payload", '{"text": "x"}')
-        wait_until(lambda: succeeded(cli, task_id), what="the task run")
+        wait_until_sync(lambda: succeeded(cli, task_id), what="the task run")
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0
 
@@ -109,7 +110,7 @@ def test_api_serves_until_interrupted(cli: Cli, redis_url: str) -> None:
     env = clean_env(redis_url, **FAST, DTQ_TASK_MODULES="examples.tasks", PYTHONPATH=str(REPO))
     with process(argv, env=env, cwd=REPO) as api:
         base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _answers(base + "/health"), timeout_s=30, what="the API")
+        wait_until_sync(lambda: _answers(base + "/health"), timeout_s=30, what="the API")
         resp = httpx.post(base + "/api/v1/tasks", json={"task_type": "echo_task", "payload": {}})
         assert resp.status_code == 202
         assert cli.ok("get", resp.json()["task_id"], "--json").json()["status"] == "queued"
@@ -169,7 +170,7 @@ def test_dev_runs_the_stack_and_a_signal_stops_it_in_order(
         os.close(slave)
         children: list[int] = []
         try:
-            wait_until(
+            wait_until_sync(
                 lambda: "dtq dev: API" in out_path.read_text() or dev.poll() is not None,
                 timeout_s=60,
                 what="the URL line",
@@ -197,7 +198,7 @@ def test_dev_runs_the_stack_and_a_signal_stops_it_in_order(
             )
             assert resp.status_code == 202, resp.text
             task_url = f"{base}/api/v1/tasks/{resp.json()['task_id']}"
-            wait_until(
+            wait_until_sync(
                 lambda: httpx.get(task_url).json()["status"] == "succeeded", what="the demo task"
             )
             assert httpx.get(task_url).json()["result"] == {"hi": 1}

@@ -7,7 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from test_cli_support import DTQ, REPO, clean_env
+from support.cli import DTQ, REPO, clean_env
 
 START, END = "<!-- cli-tour:start -->", "<!-- cli-tour:end -->"
 

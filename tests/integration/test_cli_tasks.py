@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 import redis as sync_redis
-from test_cli_support import MISSING_ID, Cli, async_wait_until, running_worker
 
 from dtq import keys
 from dtq_tasks import Handler, TaskContext
+from support import running_worker, wait_until
+from support.cli import MISSING_ID, Cli, fast_settings
 
 ACTOR = f"cli:{getpass.getuser()}@{socket.gethostname()}"
 
@@ -311,7 +312,9 @@ async def test_cancel_of_a_running_task_is_accepted_as_a_request(cli: Cli, redis
         started.set()
         await asyncio.sleep(30)
 
-    async with running_worker(redis_url, {"hold": Handler("hold", hold)}):
+    async with running_worker(
+        fast_settings(redis_url), {"hold": Handler("hold", hold)}, force_stop=True
+    ):
         task_id = cli.submit("--type", "hold")
         await asyncio.wait_for(started.wait(), 10)
         run = await asyncio.to_thread(cli.ok, "cancel", task_id)
@@ -321,7 +324,7 @@ async def test_cancel_of_a_running_task_is_accepted_as_a_request(cli: Cli, redis
             doc = (await asyncio.to_thread(cli.ok, "get", task_id, "--json")).json()
             return bool(doc["status"] == "cancelled")
 
-        await async_wait_until(cancelled, what="the running task cancelled by its worker")
+        await wait_until(cancelled, what="the running task cancelled by its worker")
     assert audit_entries(redis_url)[0]["action"] == "cancel"
 
 

@@ -12,16 +12,6 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
-from test_worker_support import (
-    WorkerProcess,
-    fast,
-    handlers,
-    read_as,
-    running_worker,
-    wait_status,
-    wait_until,
-    wait_worker_ready,
-)
 
 from dtq import Queue, keys
 from dtq.calls import drop_consumers
@@ -29,6 +19,8 @@ from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from dtq.worker.consumers import drop_dead
 from dtq_tasks import TaskContext
+from support import running_worker, wait_until
+from support.worker import WorkerProcess, fast, handlers, read_as, wait_status, wait_worker_ready
 
 P5 = keys.stream("default", 5)
 

@@ -26,21 +26,21 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, expect
 from redis.asyncio import Redis
-from test_api_support import api_settings, running_worker
-from test_dashboard_support import (
+
+from dtq import Queue, connect, keys
+from dtq.config import Settings
+from support import running_worker, wait_until
+from support.api import api_settings
+from support.dashboard import (
     API_KEY,
     ApiServer,
     Watched,
     api_server,
     browser,
     ensure_chromium,
-    wait_until,
     watched_page,
     workload,
 )
-
-from dtq import Queue, connect, keys
-from dtq.config import Settings
 
 # One event loop for the module, so that one browser serves every test (launching chromium
 # and Playwright's driver costs about 1.5 s). The first test may install chromium (bounded by

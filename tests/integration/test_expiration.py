@@ -12,7 +12,6 @@ from datetime import timedelta
 
 import pytest
 from redis.asyncio import Redis
-from scheduler_support import Events, running, wait_until
 
 from dtq import Queue, TaskStatus, keys
 from dtq.clock import redis_time_ms
@@ -22,6 +21,8 @@ from dtq.models import HistoryEntry, Task
 from dtq.store import ms_to_dt
 from dtq.worker import scheduler as scheduler_module
 from dtq.worker.scheduler import Scheduler
+from support import Events, wait_until
+from support.scheduler import running
 
 WORKER_A = "worker-aaaaaaaa"
 UNSERVED = "nobody-serves-this"

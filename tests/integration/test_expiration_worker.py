@@ -8,11 +8,12 @@ import asyncio
 from datetime import timedelta
 
 from redis.asyncio import Redis
-from test_worker_support import fast, handlers, past_deadline, running_worker, wait_status
 
 from dtq import Queue, TaskStatus, keys
 from dtq.config import Settings
 from dtq_tasks import RetryableError, TaskContext
+from support import running_worker
+from support.worker import fast, handlers, past_deadline, wait_status
 
 
 async def test_delayed_retried_then_expired_history(

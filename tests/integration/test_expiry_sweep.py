@@ -9,8 +9,6 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from scheduler_support import Events, running, wait_until
-from test_worker_support import past_deadline
 
 from dtq import Queue, TaskStatus, keys
 from dtq.admin import sweep_due
@@ -19,6 +17,9 @@ from dtq.config import Settings
 from dtq.models import Task
 from dtq.worker import scheduler as scheduler_module
 from dtq.worker.scheduler import Scheduler, TickResult
+from support import Events, wait_until
+from support.scheduler import running
+from support.worker import past_deadline
 
 UNSERVED = "nobody-serves-this"
 

@@ -15,7 +15,6 @@ import pytest
 import redis as sync_redis
 from pydantic import BaseModel
 from redis.asyncio import Redis
-from test_worker_support import REPO, fast, handlers, running_worker, wait_status, wait_until
 
 from dtq import Queue, keys
 from dtq.config import Settings
@@ -31,6 +30,8 @@ from dtq_tasks import (
     registry,
     task,
 )
+from support import running_worker, wait_until
+from support.worker import REPO, fast, handlers, wait_status
 
 # -- registration -------------------------------------------------------------------------------
 

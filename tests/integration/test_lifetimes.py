@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from test_worker_support import fast, handlers, running_worker, wait_status, wait_until
 
 from dtq import Queue, connect, keys
 from dtq.config import Settings
 from dtq.errors import IdempotencyInProgressError
 from dtq_tasks import PermanentError, RetryableError, TaskContext
+from support import running_worker, wait_until
+from support.worker import fast, handlers, wait_status
 
 RETENTION_S = 2
 IDEM_TTL_S = 2

@@ -5,7 +5,6 @@ API key."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
@@ -14,8 +13,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from dtq.log import bound, configure_logging, set_process_fields
 from dtq.worker import Worker
 from dtq.worker.telemetry import WorkerTelemetry
 from dtq_tasks import Handler, TaskContext
+from support import started, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "PAYLOAD-MARKER-31e7"
@@ -177,18 +176,13 @@ async def test_handler_and_lifecycle_lines_carry_the_task(settings: Settings, r:
     worker = Worker(s, handlers=handlers, on_redis_op=telemetry.metrics.script_call)
     telemetry.attach(worker)
     set_process_fields(worker_id=worker.worker_id)
-    run = asyncio.create_task(worker.run())
-    try:
-        await asyncio.wait_for(worker.started.wait(), 15)
+    async with started(worker):
         q = await connect(settings=s)
         try:
             task = await q.submit("chatty", {"marker": MARKER}, queue="default")
         finally:
             await q.close()
         await wait_until(lambda: _status(r, task.task_id, "succeeded"), 10)
-    finally:
-        worker.stop()
-        await asyncio.wait_for(run, 30)
     recs = records(buf)
     [mine] = [x for x in recs if x["logger"] == "user.handler"]
     assert mine["task_id"] == task.task_id and mine["task_type"] == "chatty"
@@ -203,14 +197,6 @@ async def test_handler_and_lifecycle_lines_carry_the_task(settings: Settings, r:
 
 async def _status(r: Redis, task_id: str, status: str) -> bool:
     return await r.hget(keys.task(task_id), "status") == status
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {timeout_s}s")
-        await asyncio.sleep(0.02)
 
 
 # -- real processes ----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from dtq.metrics import LABEL_NAMES, OTHER, Metrics, MetricsServer
 from dtq.worker import Worker
 from dtq.worker.telemetry import WorkerTelemetry
 from dtq_tasks import RetryableError, TaskContext, registry, task
+from support import started, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = __name__
@@ -130,16 +131,6 @@ def fast(settings: Settings, **overrides: Any) -> Settings:
 # -- helpers -----------------------------------------------------------------------------------
 
 
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], timeout_s: float = 10.0, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout_s}s")
-        await asyncio.sleep(0.02)
-
-
 class Scrape:
     """A parsed ``/metrics`` text."""
 
@@ -206,20 +197,12 @@ async def running_stack(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncCl
     )
     telemetry.attach(worker)
     server = MetricsServer(telemetry.metrics.registry, "127.0.0.1", 0)
-    run = asyncio.create_task(worker.run())
     try:
-        started = asyncio.create_task(worker.started.wait())
-        await asyncio.wait({run, started}, timeout=15, return_when=asyncio.FIRST_COMPLETED)
-        if run.done():
-            run.result()
-        assert worker.started.is_set()
-        async with app.router.lifespan_context(app):
+        async with started(worker), app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://dtq.test") as c:
                 yield c, f"http://127.0.0.1:{server.port}/metrics", worker
     finally:
-        worker.stop()
-        await asyncio.wait_for(run, 30)
         server.stop()
 
 

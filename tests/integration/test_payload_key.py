@@ -16,15 +16,6 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from test_worker_support import (
-    fast,
-    finish_as,
-    handlers,
-    read_as,
-    running_worker,
-    start_as,
-    wait_status,
-)
 
 from dtq import Queue, TaskStatus, keys
 from dtq.calls import Outcome
@@ -32,6 +23,8 @@ from dtq.config import Settings
 from dtq.models import Task, compact_json
 from dtq.worker.scheduler import Scheduler
 from dtq_tasks import TaskContext
+from support import running_worker
+from support.worker import fast, finish_as, handlers, read_as, start_as, wait_status
 
 PAYLOAD = {"user": "u-123456", "text": "x" * 71}  # 100 bytes of compact JSON
 AGED_S = 100  # a TTL far below the retention: a refresh shows as a TTL above it

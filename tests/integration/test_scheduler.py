@@ -9,7 +9,6 @@ from datetime import timedelta
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from scheduler_support import Events, running, wait_until
 
 from dtq import Queue, TaskStatus, calls, keys
 from dtq.calls import Claimed, PromoteReply
@@ -20,6 +19,8 @@ from dtq.scripts import Scripts
 from dtq.store import Store
 from dtq.worker.outage import RedisOutage
 from dtq.worker.scheduler import CLAIM_BATCH, STALE_HEARTBEATS, Scheduler
+from support import Events, wait_until
+from support.scheduler import running
 
 WORKER_A = "worker-aaaaaaaa"
 WORKER_B = "worker-bbbbbbbb"
@@ -320,9 +321,9 @@ async def test_two_running_schedulers_one_leads_then_the_other(queue: Queue, r: 
         async def follower_leads() -> bool:
             return follower.is_leader
 
-        await wait_until(follower_leads, within_s=2)
+        await wait_until(follower_leads, timeout_s=2)
         task = await queue.submit("echo_task", {}, delay_seconds=0.05)
-        await wait_until(lambda: _is(queue, task.task_id, TaskStatus.QUEUED), within_s=2)
+        await wait_until(lambda: _is(queue, task.task_id, TaskStatus.QUEUED), timeout_s=2)
     finally:
         stop_a.set()
         stop_b.set()

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 
 from redis.asyncio import Redis
-from test_worker_support import finish_as, read_as, start_as
 
 from dtq import Queue, keys
 from dtq.calls import Outcome
 from dtq.config import Settings
 from dtq.worker.scheduler import Scheduler
+from support.worker import finish_as, read_as, start_as
 
 OUTCOME_FIELDS = ("finished_at", "duration_ms", "error_class", "error_message", "retryable")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -20,25 +19,9 @@ from dtq.errors import (
     RedisUnavailableError,
     TaskNotFoundError,
 )
+from support import wait_until
 
 MISSING_ID = "f" * 32
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], timeout_s: float = 5.0, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await _tick()
-    raise AssertionError(f"{what} not reached within {timeout_s}s")
-
-
-async def _tick() -> None:
-    import asyncio
-
-    await asyncio.sleep(0.001)
 
 
 async def redis_ms(r: Redis) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,6 +28,7 @@ from dtq.errors import (
 from dtq.events import Event
 from dtq.models import Task, TaskStatus, compact_json
 from dtq.store import RECENT_CAP, SUBMIT_CHUNK
+from support import Events
 
 ENTRY_FIELDS = {
     "task_id",
@@ -82,16 +82,6 @@ async def depth(r: Redis, queue: str) -> int:
 async def redis_ms(r: Redis) -> int:
     sec, usec = await r.time()
     return int(sec) * 1000 + int(usec) // 1000
-
-
-async def next_event(pubsub: Any, timeout_s: float = 5.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
-        if msg is not None:
-            data: dict[str, Any] = json.loads(msg["data"])
-            return data
-    raise AssertionError(f"no event within {timeout_s}s")
 
 
 # -- a queued task -----------------------------------------------------------------------------
@@ -445,11 +435,10 @@ async def test_recent_index_trimmed(make_queue: QueueFactory, r: Redis) -> None:
 
 
 async def test_task_queued_event(queue: Queue, r: Redis) -> None:
-    pubsub = r.pubsub()
-    await pubsub.subscribe(keys.EVENTS)
-    try:
+    async with Events(r) as events:
         task = await queue.submit("echo_task", {"a": 1}, queue="events", priority=3)
-        event = await next_event(pubsub)
+        await events.wait_for("TASK_QUEUED", task.task_id)
+        [event] = events.raw
         assert set(event) == EVENT_FIELDS  # no metadata for a task queued at once
         assert event["type"] == "TASK_QUEUED"
         assert event["task_id"] == task.task_id
@@ -459,7 +448,8 @@ async def test_task_queued_event(queue: Queue, r: Redis) -> None:
         assert Event.parse(json.dumps(event)).ts == task.created_at
 
         delayed = await queue.submit("echo_task", delay_seconds=10)
-        event2 = await next_event(pubsub)
+        await events.wait_for("TASK_QUEUED", delayed.task_id)
+        event2 = events.raw[1]
         assert set(event2) == EVENT_FIELDS | {"metadata"}
         assert event2["type"] == "TASK_QUEUED" and event2["task_id"] == delayed.task_id
         assert event2["metadata"]["status"] == "pending"
@@ -467,9 +457,6 @@ async def test_task_queued_event(queue: Queue, r: Redis) -> None:
             delayed.available_at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
         )
         assert event2["event_id"] != event["event_id"]
-    finally:
-        await pubsub.unsubscribe()
-        await pubsub.aclose()
 
 
 async def test_history_entry(queue: Queue, r: Redis) -> None:
@@ -512,16 +499,12 @@ async def test_expiration_fields(queue: Queue, r: Redis) -> None:
 
 
 async def test_ttl_zero_is_expired_at_submit(queue: Queue, r: Redis) -> None:
-    pubsub = r.pubsub()
-    await pubsub.subscribe(keys.EVENTS)
-    try:
+    async with Events(r) as events:
         task = await queue.submit("echo_task", ttl_seconds=0, idempotency_key="late")
         assert task.status is TaskStatus.EXPIRED
-        event = await next_event(pubsub)
+        await events.wait_for("TASK_EXPIRED", task.task_id)
+        event = events.raw[0]
         assert event["type"] == "TASK_EXPIRED" and event["task_id"] == task.task_id
-    finally:
-        await pubsub.unsubscribe()
-        await pubsub.aclose()
     got = await queue.get(task.task_id)
     assert got.status is TaskStatus.EXPIRED and got.expired_at == got.created_at
     assert await depth(r, "default") == 0

@@ -19,20 +19,14 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from test_worker_support import (
-    WorkerProcess,
-    fast,
-    handlers,
-    running_worker,
-    wait_status,
-    wait_until,
-)
 
 from dtq import Queue, keys
 from dtq.config import Settings
 from dtq.errors import TaskRunningError
 from dtq.models import HISTORY_EXTENSIONS, INITIAL, TERMINAL, TRANSITIONS, TaskStatus
 from dtq_tasks import PermanentError, RescheduleError, RetryableError, TaskContext
+from support import running_worker, wait_until
+from support.worker import WorkerProcess, fast, handlers, wait_status
 
 Pair = tuple[str | None, str]
 

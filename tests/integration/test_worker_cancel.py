@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from test_worker_support import Events, fast, handlers, running_worker, wait_status, wait_until
 
 from dtq import Queue, keys
 from dtq.config import Settings
 from dtq.errors import TaskRunningError
 from dtq_tasks import TaskContext
+from support import Events, running_worker, wait_until
+from support.worker import fast, handlers, wait_status
 
 
 async def test_running_async_task_is_cancelled_within_one_second(
@@ -36,7 +37,7 @@ async def test_running_async_task_is_cancelled_within_one_second(
 
     task = await queue.submit("wt_forever", {}, idempotency_key="k-c")
     async with (
-        Events(redis_url) as events,
+        Events(r) as events,
         running_worker(fast(settings), handlers(wt_forever=forever)),
     ):
         await asyncio.wait_for(started.wait(), 5)

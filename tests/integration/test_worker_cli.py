@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_worker_support import REPO, write_task_module
 
 from dtq.devserver import free_port
 from dtq.worker.supervisor import child_settings, child_worker_id
+from support.worker import REPO, write_task_module
 
 
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:

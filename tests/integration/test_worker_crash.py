@@ -11,16 +11,10 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from test_worker_support import (
-    Events,
-    WorkerProcess,
-    calls,
-    wait_status,
-    wait_until,
-    wait_worker_ready,
-)
 
 from dtq import Queue, keys
+from support import Events, wait_until
+from support.worker import WorkerProcess, calls, wait_status, wait_worker_ready
 
 pytestmark = pytest.mark.slow
 
@@ -166,7 +160,7 @@ def _alive(pid: int) -> bool:
 async def test_sigterm_drains_in_flight_work(
     spawn: Callable[..., WorkerProcess], r: Redis, queue: Queue, redis_url: str
 ) -> None:
-    async with Events(redis_url) as events:
+    async with Events(r) as events:
         a = spawn("worker-aaaa0001", "--concurrency", "4", DRAIN_TIMEOUT_S=10)
         await wait_worker_ready(r, "worker-aaaa0001")
         tasks = [await queue.submit("sp_sleep", {"s": 1.0}) for _ in range(3)]
@@ -183,8 +177,8 @@ async def test_sigterm_drains_in_flight_work(
         assert h["status"] == "succeeded" and h["attempt"] == "1", h
     assert await r.hget(keys.worker("worker-aaaa0001"), "status") == "stopped"
     assert not await r.sismember(keys.WORKERS, "worker-aaaa0001")
-    assert [e["worker_id"] for e in events.of("WORKER_STARTED")] == ["worker-aaaa0001"]
-    assert [e["worker_id"] for e in events.of("WORKER_STOPPED")] == ["worker-aaaa0001"]
+    assert [e.worker_id for e in events.of("WORKER_STARTED")] == ["worker-aaaa0001"]
+    assert [e.worker_id for e in events.of("WORKER_STOPPED")] == ["worker-aaaa0001"]
 
 
 async def _has(events: Events, etype: str) -> bool:

@@ -12,24 +12,23 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from test_worker_support import (
-    WorkerProcess,
-    backend,
-    calls,
-    fast,
-    handlers,
-    read_as,
-    running_worker,
-    wait_status,
-    wait_until,
-    wait_worker_ready,
-)
 
 from dtq import Queue, keys
 from dtq.calls import touch
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from dtq_tasks import TaskContext
+from support import running_worker, wait_until
+from support.worker import (
+    WorkerProcess,
+    backend,
+    calls,
+    fast,
+    handlers,
+    read_as,
+    wait_status,
+    wait_worker_ready,
+)
 
 WORKER_FIELDS = {
     "worker_id",

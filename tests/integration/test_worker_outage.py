@@ -12,17 +12,12 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
-from test_worker_support import (
-    WorkerProcess,
-    wait_status,
-    wait_until,
-    wait_worker_ready,
-    write_task_module,
-)
 
 from dtq import connect, keys
 from dtq.config import Settings
 from dtq.devserver import free_port, start_redis
+from support import wait_until
+from support.worker import WorkerProcess, wait_status, wait_worker_ready, write_task_module
 
 pytestmark = pytest.mark.slow
 

@@ -11,17 +11,6 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis
-from test_worker_support import (
-    DLQ_FIELDS,
-    fast,
-    finish_as,
-    handlers,
-    read_as,
-    running_worker,
-    start_as,
-    wait_status,
-    wait_until,
-)
 
 from dtq import Queue, keys
 from dtq.calls import Outcome
@@ -33,6 +22,8 @@ from dtq_tasks import (
     RetryableError,
     TaskContext,
 )
+from support import running_worker, wait_until
+from support.worker import DLQ_FIELDS, fast, finish_as, handlers, read_as, start_as, wait_status
 
 
 async def flaky(payload: dict[str, Any], ctx: TaskContext) -> dict[str, int]:

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from test_worker_support import fast, handlers, running_worker, wait_status, wait_until
 
 from dtq import Queue, keys
 from dtq.config import Settings
 from dtq.worker import Worker
 from dtq_tasks import TaskContext
+from support import running_worker, wait_until
+from support.worker import fast, handlers, wait_status
 
 
 async def test_concurrency_one_runs_every_p9_before_any_p0(

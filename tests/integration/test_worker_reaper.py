@@ -8,20 +8,12 @@ import asyncio
 from typing import Any
 
 from redis.asyncio import Redis
-from test_worker_support import (
-    fast,
-    handlers,
-    read_as,
-    running_worker,
-    start_as,
-    stream_empty,
-    wait_status,
-    wait_until,
-)
 
 from dtq import Queue, keys
 from dtq.config import Settings
 from dtq_tasks import TaskContext
+from support import running_worker, wait_until
+from support.worker import fast, handlers, read_as, start_as, stream_empty, wait_status
 
 DEAD = "worker-deaddead"
 STREAM = keys.stream("default", 5)

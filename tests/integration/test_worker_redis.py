@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from test_worker_support import fast, handlers, running_worker, wait_status
 
 from dtq import connect
 from dtq.config import Settings
 from dtq.devserver import free_port, start_redis
 from dtq_tasks import TaskContext
+from support import running_worker
+from support.worker import fast, handlers, wait_status
 
 pytestmark = pytest.mark.slow
 

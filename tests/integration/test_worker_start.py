@@ -10,23 +10,21 @@ import json
 from typing import Any
 
 from redis.asyncio import Redis
-from test_worker_support import (
-    DLQ_FIELDS,
-    Events,
-    fast,
-    handlers,
-    past_deadline,
-    read_as,
-    running_worker,
-    start_as,
-    stream_empty,
-    wait_status,
-    wait_until,
-)
 
 from dtq import Queue, keys
 from dtq.config import Settings
 from dtq_tasks import TaskContext
+from support import Events, running_worker, wait_until
+from support.worker import (
+    DLQ_FIELDS,
+    fast,
+    handlers,
+    past_deadline,
+    read_as,
+    start_as,
+    stream_empty,
+    wait_status,
+)
 
 
 class Recorder:
@@ -141,7 +139,7 @@ async def test_forced_duplicate_is_absorbed_and_task_runs_once(
     dup_id = await r.xadd(stream, fields)  # a second entry of the same task
     rec = Recorder()
     async with (
-        Events(redis_url) as events,
+        Events(r) as events,
         running_worker(fast(settings), handlers(wt_echo=rec)),
     ):
         await wait_status(r, task.task_id, "succeeded")
@@ -150,8 +148,8 @@ async def test_forced_duplicate_is_absorbed_and_task_runs_once(
     assert rec.calls == [(task.task_id, 1)]
     absorbed = events.of("TASK_DUPLICATE_ABSORBED", task.task_id)
     assert len(absorbed) == 1
-    assert absorbed[0]["metadata"]["entry_id"] == dup_id
-    assert absorbed[0]["metadata"]["live_entry_id"] == task.entry_id
+    assert absorbed[0].metadata["entry_id"] == dup_id
+    assert absorbed[0].metadata["live_entry_id"] == task.entry_id
     history = await queue.history(task.task_id)
     assert [h.to_status for h in history] == ["queued", "running", "succeeded"]
 
@@ -190,7 +188,7 @@ async def test_redelivery_past_max_attempts_is_dead_lettered_worker_lost(
     await start_as(r, entry, "worker-deaddead", settings)
     rec = Recorder()
     async with (
-        Events(redis_url) as events,
+        Events(r) as events,
         running_worker(fast(settings, visibility_timeout_s=0.5), handlers(wt_echo=rec)),
     ):
         h = await wait_status(r, task.task_id, "dead_lettered")

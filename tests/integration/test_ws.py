@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import redis as sync_redis
 import uvicorn
-from test_api_support import api_settings, running_worker
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
@@ -33,6 +32,8 @@ from dtq.api.deps import ApiState
 from dtq.api.ws import BUFFER_SIZE, EventHub
 from dtq.config import Settings
 from dtq.devserver import free_port
+from support import running_worker
+from support.api import api_settings
 
 MB = 1024 * 1024
 

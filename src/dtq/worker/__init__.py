@@ -18,8 +18,8 @@ from dtq.config import Settings
 from dtq.errors import ConfigError
 from dtq.log import configure_logging, set_process_fields
 from dtq.models import QUEUE_RE
-from dtq.worker.supervisor import supervise
-from dtq.worker.telemetry import WorkerTelemetry
+from dtq.worker.supervisor import supervise as _supervise
+from dtq.worker.telemetry import WorkerTelemetry as _WorkerTelemetry
 from dtq.worker.worker import Worker, WorkerObserver, new_worker_id
 from dtq_tasks import Handler, registry
 
@@ -102,7 +102,7 @@ def run_worker(
         def child_main(child: Settings, ready_fd: int, adopt: Sequence[str]) -> int:
             return _run_one(child, served, concurrency, handlers, ready_fd=ready_fd, adopt=adopt)
 
-        return supervise(settings, processes=processes, child_main=child_main)
+        return _supervise(settings, processes=processes, child_main=child_main)
     return _run_one(settings, served, concurrency, handlers)
 
 
@@ -117,7 +117,7 @@ def _run_one(
 ) -> int:
     """One worker in this process until SIGTERM/SIGINT; ``ready_fd`` (a supervised child) gets
     one byte once its loops run; ``adopt``: dead predecessors whose entries it takes over."""
-    telemetry = WorkerTelemetry(handlers)
+    telemetry = _WorkerTelemetry(handlers)
     worker = Worker(
         settings,
         queues=queues,

@@ -1,6 +1,6 @@
-"""Shared helpers of the worker tests (no tests here): fast settings, an in-process worker that
-is always stopped, worker subprocesses (``python -m dtq.worker``) stopped by PID, a task module
-for subprocesses written to a temporary folder, and deadline-bound waiting."""
+"""Worker helpers: fast settings, the one in-process worker (:func:`running_worker`, always
+stopped), worker subprocesses (``python -m dtq.worker``) stopped by PID, a task module for
+subprocesses written to a temporary folder, and waits on a task's or a worker's state."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from dtq.scripts import Scripts
 from dtq.store import Store
 from dtq.worker import Worker
 from dtq_tasks import Handler
+from support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,16 +53,6 @@ FAST: dict[str, Any] = {
 
 def fast(settings: Settings, **overrides: Any) -> Settings:
     return settings.model_copy(update={**FAST, **overrides})
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], timeout_s: float = 10.0, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout_s}s")
-        await asyncio.sleep(0.02)
 
 
 async def wait_status(
@@ -156,70 +147,42 @@ def handlers(**fns: Callable[..., Any]) -> dict[str, Handler]:
 @contextlib.asynccontextmanager
 async def running_worker(
     settings: Settings,
-    handler_map: Mapping[str, Handler],
+    handler_map: Mapping[str, Handler] | None = None,
     *,
     queues: tuple[str, ...] = ("default",),
     concurrency: int = 4,
     worker_id: str | None = None,
     force_stop: bool = False,
 ) -> AsyncIterator[Worker]:
-    """An in-process worker; always stopped (drained unless ``force_stop``) on exit."""
+    """A :class:`Worker` in this event loop (handlers: ``handler_map``, else the registry of
+    the imported task modules), run by :func:`started`."""
     worker = Worker(
         settings, queues=queues, concurrency=concurrency, handlers=handler_map, worker_id=worker_id
     )
+    async with started(worker, force_stop=force_stop):
+        yield worker
+
+
+@contextlib.asynccontextmanager
+async def started(worker: Worker, *, force_stop: bool = False) -> AsyncIterator[Worker]:
+    """Run a built ``worker`` in this event loop for the block: its start awaited (what stopped
+    it raised, if it stopped first), and always stopped at the end: drained, or with
+    ``force_stop`` the drain skipped (tests that end their handlers themselves)."""
     run = asyncio.create_task(worker.run())
-    started = asyncio.create_task(worker.started.wait())
-    await asyncio.wait({run, started}, timeout=15, return_when=asyncio.FIRST_COMPLETED)
-    if run.done():
-        started.cancel()
-        run.result()
-    assert worker.started.is_set(), "the worker did not start within 15 s"
+    starting = asyncio.create_task(worker.started.wait())
+    await asyncio.wait({run, starting}, timeout=15, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()
     try:
+        if run.done():
+            run.result()  # raises what stopped it
+        assert worker.started.is_set(), "the worker did not start within 15 s"
         yield worker
     finally:
         worker.stop()
         if force_stop:
             worker.stop()
         await asyncio.wait_for(run, 30)
-
-
-class Events:
-    """Collects every event published on ``dtq:events`` while open."""
-
-    def __init__(self, url: str) -> None:
-        self._client = Redis.from_url(url, decode_responses=True)
-        self._pubsub = self._client.pubsub()
-        self.items: list[dict[str, Any]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Events:
-        await self._pubsub.subscribe(keys.EVENTS)
-        self._task = asyncio.create_task(self._read())
-        return self
-
-    async def _read(self) -> None:
-        import json
-
-        while True:
-            msg = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-            if msg is not None:
-                self.items.append(json.loads(msg["data"]))
-
-    def of(self, etype: str, task_id: str | None = None) -> list[dict[str, Any]]:
-        return [
-            e
-            for e in self.items
-            if e["type"] == etype and (task_id is None or e["task_id"] == task_id)
-        ]
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        await self._pubsub.unsubscribe()
-        await self._pubsub.aclose()
-        await self._client.aclose()
 
 
 # -- subprocess workers -------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Shared helpers of the dashboard tests (no tests here): Debian's chromium (installed with
+"""Dashboard helpers: Debian's chromium (installed with
 apt-get when missing), the API served by a real uvicorn on 127.0.0.1 in a thread of its own,
 a browser page that records what the user would notice (dialogs, script errors, CSP
 violations), and a small steady workload for the overview.
@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,16 +185,6 @@ async def watched_page(
         yield watched
     finally:
         await context.close()
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], within_s: float = 10.0, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + within_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {within_s} s")
-        await asyncio.sleep(0.05)
 
 
 async def workload(queue: Queue, seconds: float, per_second: float = 6.0) -> int:

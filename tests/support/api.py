@@ -1,4 +1,5 @@
-"""Shared fixtures and task types of the API tests (no tests here).
+"""API helpers: the API tests' task types (this module is their task module) and settings,
+the app with its lifespan running and a client on it, and the shape every error has.
 
 The API is driven through its ASGI app (httpx.AsyncClient + ASGITransport) with the app's
 lifespan running, against the real redis-server of tests/conftest.py.
@@ -8,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -62,36 +61,6 @@ def api_settings(settings: Settings, **overrides: Any) -> Settings:
     return settings.model_copy(update={**fast, **overrides})
 
 
-@contextlib.asynccontextmanager
-async def running_worker(settings: Settings, queues: tuple[str, ...] = ("default",)) -> Any:
-    """A real worker (dtq.worker) serving ``queues`` in this event loop, stopped at the end."""
-    from dtq.worker.worker import Worker
-
-    worker = Worker(settings, queues=queues, concurrency=4)
-    run = asyncio.create_task(worker.run())
-    started = asyncio.create_task(worker.started.wait())
-    await asyncio.wait({run, started}, timeout=15, return_when=asyncio.FIRST_COMPLETED)
-    if run.done():
-        started.cancel()
-        run.result()  # raises what stopped it
-    assert worker.started.is_set(), "the worker did not start within 15 s"
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        await asyncio.wait_for(run, 30)
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], within_s: float = 5.0, every_s: float = 0.02
-) -> None:
-    deadline = time.monotonic() + within_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within_s} s")
-        await asyncio.sleep(every_s)
-
-
 class Api:
     """An app with its lifespan running and an HTTP client on it."""
 
@@ -128,6 +97,3 @@ def error_of(resp: httpx.Response) -> dict[str, Any]:
     assert isinstance(err["details"], dict)
     assert resp.headers.get("x-request-id"), "every response carries X-Request-ID"
     return err
-
-
-assert MODULE in sys.modules

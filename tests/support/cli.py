@@ -1,25 +1,21 @@
-"""Shared helpers of the CLI tests (no tests here): run the INSTALLED ``dtq`` executable as a
-subprocess against the test Redis, and run an in-process worker to bring tasks into states
-(running, dead-lettered) that only a worker produces."""
+"""CLI helpers: run the INSTALLED ``dtq`` executable as a subprocess against the test Redis,
+and the fast settings of the in-process worker (:func:`support.worker.running_worker`) that
+brings tasks into states (running, dead-lettered) only a worker produces."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import select
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dtq.config import Settings
-from dtq.worker import Worker
-from dtq_tasks import Handler
 
 DTQ = str(Path(sys.executable).with_name("dtq"))
 REPO = Path(__file__).resolve().parents[2]
@@ -141,26 +137,6 @@ def _read_tty(master: int, proc: subprocess.Popen[bytes], timeout: float) -> byt
     return b"".join(chunks)
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 10, what: str = "it") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{what} not reached within {timeout_s}s")
-
-
-async def async_wait_until(
-    predicate: Callable[[], Awaitable[bool]], timeout_s: float = 10, what: str = "it"
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{what} not reached within {timeout_s}s")
-
-
 def fast_settings(redis_url: str) -> Settings:
     return Settings(
         redis_url=redis_url,
@@ -172,19 +148,3 @@ def fast_settings(redis_url: str) -> Settings:
         retry_base_delay=0.05,
         retry_max_delay=0.1,
     )
-
-
-@asynccontextmanager
-async def running_worker(
-    redis_url: str, handlers: Mapping[str, Handler], queues: tuple[str, ...] = ("default",)
-) -> AsyncIterator[Worker]:
-    """An in-process worker with the given handlers, always stopped on exit."""
-    worker = Worker(fast_settings(redis_url), queues=queues, concurrency=4, handlers=handlers)
-    run = asyncio.create_task(worker.run())
-    try:
-        await asyncio.wait_for(worker.started.wait(), 10)
-        yield worker
-    finally:
-        worker.stop()
-        worker.stop()  # skip the drain: tests end their handlers themselves
-        await asyncio.wait_for(run, 15)

@@ -1,0 +1,102 @@
+"""The one collector of ``dtq:events``: every event published while the block runs.
+
+``raw`` keeps each event's JSON object as published (for tests of the wire shape), ``items``
+the same events parsed (:class:`dtq.events.Event`), in arrival order. The subscription is
+confirmed before the block starts, and :meth:`Events.sync` (also run when the block ends
+without an error) waits for everything published before it, so nothing published inside the
+block is missed and an assertion that an event did not happen can fail: it publishes a token on
+a private channel of the same subscription, and Redis delivers a subscriber's messages in the
+order it ran the PUBLISHes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from types import TracebackType
+from typing import Any
+
+from redis.asyncio import Redis
+
+from dtq import keys
+from dtq.events import Event
+from support.waiting import wait_until
+
+__all__ = ["Events"]
+
+
+class Events:
+    """``async with Events(r) as events:``; then ``events.of(type, task_id)``,
+    ``await events.wait_for(type, task_id, count)``, ``await events.sync()``."""
+
+    def __init__(self, r: Redis) -> None:
+        self._r = r
+        self._sync_channel = f"test:events-sync:{uuid.uuid4().hex}"
+        self.pubsub = r.pubsub()
+        self.raw: list[dict[str, Any]] = []
+        self.items: list[Event] = []
+        self._synced: dict[str, asyncio.Event] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Events:
+        await self.pubsub.subscribe(keys.EVENTS, self._sync_channel)
+        for _ in range(2):
+            confirmed = await self.pubsub.get_message(timeout=5.0)
+            assert confirmed is not None and confirmed["type"] == "subscribe", confirmed
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        while True:
+            msg = await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if msg is None:
+                continue
+            if _text(msg["channel"]) == self._sync_channel:
+                self._synced[_text(msg["data"])].set()
+                continue
+            self.raw.append(json.loads(msg["data"]))
+            self.items.append(Event.parse(msg["data"]))
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._reader is not None
+        if t is None:
+            await self.sync()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+        await self.pubsub.unsubscribe()
+        await self.pubsub.aclose()
+
+    def of(self, etype: str, task_id: str | None = None) -> list[Event]:
+        return [
+            e for e in self.items if e.type == etype and (task_id is None or e.task_id == task_id)
+        ]
+
+    async def wait_for(
+        self, etype: str, task_id: str | None = None, count: int = 1, timeout_s: float = 10.0
+    ) -> list[Event]:
+        """Wait until ``count`` events of ``etype`` (for ``task_id``) arrived; returns them."""
+
+        async def seen() -> bool:
+            return len(self.of(etype, task_id)) >= count
+
+        await wait_until(seen, timeout_s, f"{count} x {etype} {task_id or ''}".strip())
+        return self.of(etype, task_id)
+
+    async def sync(self, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+        """Wait until every event published before this call has arrived; returns ``raw``."""
+        token = uuid.uuid4().hex
+        arrived = self._synced[token] = asyncio.Event()
+        try:
+            await self._r.publish(self._sync_channel, token)
+            await asyncio.wait_for(arrived.wait(), timeout_s)
+        finally:
+            del self._synced[token]
+        return self.raw
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
