@@ -28,7 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dtq import admin
 from dtq.admin import Audit
 from dtq.clock import redis_time_ms
-from dtq.config import Settings, load_settings
+from dtq.config import Settings, load_settings, redact_url
 from dtq.connection import use_hiredis_packing
 from dtq.errors import ConfigError, DtqError, InvalidTaskError, RedisUnavailableError
 from dtq.models import HistoryEntry, SubmitRequest, Task, TaskStatus, ttl_delta_seconds
@@ -71,18 +71,10 @@ def _redis_errors(
             q = args[0]
             url = q.settings.redis_url if isinstance(q, Queue) else "?"
             raise RedisUnavailableError(
-                f"Redis at {_safe_url(url)} is unreachable: {exc}", url=_safe_url(url)
+                f"Redis at {redact_url(url)} is unreachable: {exc}", url=redact_url(url)
             ) from None
 
     return wrapper
-
-
-def _safe_url(url: str) -> str:
-    """The URL without a password."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
 
 
 class Queue:
@@ -351,7 +343,7 @@ async def connect(
         )
     except ValueError as exc:  # e.g. a port that is not a number
         raise ConfigError(
-            f"invalid configuration: DTQ_REDIS_URL={_safe_url(settings.redis_url)!r}: {exc}"
+            f"invalid configuration: DTQ_REDIS_URL={redact_url(settings.redis_url)!r}: {exc}"
         ) from None
     queue = Queue(redis, settings, scripts=scripts, known_types=known_types)
     try:
@@ -359,8 +351,8 @@ async def connect(
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         await redis.aclose()
         raise RedisUnavailableError(
-            f"Redis at {_safe_url(settings.redis_url)} is unreachable: {exc}",
-            url=_safe_url(settings.redis_url),
+            f"Redis at {redact_url(settings.redis_url)} is unreachable: {exc}",
+            url=redact_url(settings.redis_url),
         ) from None
     return queue
 

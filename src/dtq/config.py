@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dtq.errors import ConfigError
 
-__all__ = ["MAX_TIMEOUT_MS", "Settings", "load_settings", "unknown_variables"]
+__all__ = ["MAX_TIMEOUT_MS", "Settings", "load_settings", "redact_url", "unknown_variables"]
 
 MAX_TIMEOUT_MS = 3_600_000
 
@@ -158,7 +158,18 @@ def _one_line(exc: ValidationError) -> str:
         return f"invalid configuration: {msg}"
     name = "DTQ_" + str(loc[0]).upper()
     value = err.get("input")
-    if isinstance(value, str) and "@" in value and "://" in value:  # a URL's password stays out
-        scheme, _, rest = value.partition("://")
-        value = f"{scheme}://***@{rest.rpartition('@')[2]}"
+    if isinstance(value, str):  # a URL's password stays out
+        value = redact_url(value)
     return f"invalid configuration: {name}={value!r}: {msg}"
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its credentials, fit for logs and messages: what stands before the last
+    ``@`` of the part after the scheme becomes ``***`` (``redis://:pw@host`` ->
+    ``redis://***@host``). Text without an ``@`` there is returned as it is."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if "@" not in rest:
+        return url
+    return f"{scheme}{sep}***@{rest.rpartition('@')[2]}"

@@ -31,7 +31,7 @@ from dtq.api.deps import ApiState
 from dtq.api.errors import install_error_handlers, route_methods
 from dtq.api.limits import BodyLimitMiddleware, RequestIdMiddleware, max_body_bytes
 from dtq.api.ws import EventHub, serve_client
-from dtq.config import Settings, load_settings
+from dtq.config import Settings, load_settings, redact_url
 from dtq.errors import ConfigError
 from dtq.log import configure_logging
 from dtq.metrics import Metrics, count_commands
@@ -176,18 +176,12 @@ async def _start(state: ApiState) -> None:
         await queue.close()
         raise
     state.queue, state.hub = queue, hub
-    log.info("dtq API ready (Redis %s, events on %s)", _safe_url(s.redis_url), s.ws_path)
+    log.info("dtq API ready (Redis %s, events on %s)", redact_url(s.redis_url), s.ws_path)
 
 
 def _body_refused(metrics: Metrics, path: str) -> None:
     if path == "/api/v1/tasks":  # a submission refused before its body was read
         metrics.ingest_rejected(None, "PAYLOAD_TOO_LARGE")
-
-
-def _safe_url(url: str) -> str:
-    """The Redis URL without its password, for logs."""
-    scheme, sep, rest = url.partition("://")
-    return f"{scheme}{sep}***@{rest.rpartition('@')[2]}" if "@" in rest else url
 
 
 async def _stop(state: ApiState) -> None:

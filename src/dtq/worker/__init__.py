@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from redis.exceptions import RedisError
 
-from dtq.config import Settings
+from dtq.config import Settings, redact_url
 from dtq.errors import ConfigError
 from dtq.log import configure_logging, set_process_fields
 from dtq.models import QUEUE_RE
@@ -133,7 +133,7 @@ def _run_one(
         asyncio.run(_serve(worker, ready_fd))
     except (RedisError, OSError) as exc:
         print(
-            f"dtq worker: Redis at {_safe_url(settings.redis_url)} failed: {exc}", file=sys.stderr
+            f"dtq worker: Redis at {redact_url(settings.redis_url)} failed: {exc}", file=sys.stderr
         )
         return 1
     except KeyboardInterrupt:
@@ -166,10 +166,3 @@ async def _tell_ready(worker: Worker, fd: int) -> None:
         os.write(fd, b"1")
     finally:
         os.close(fd)
-
-
-def _safe_url(url: str) -> str:
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
