@@ -23,7 +23,6 @@ import uvicorn
 from fastapi import FastAPI, WebSocket
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
-from redis.exceptions import RedisError
 
 from dtq import __version__, client
 from dtq.api import dashboard, routes_admin, routes_ops, routes_tasks
@@ -32,6 +31,7 @@ from dtq.api.errors import install_error_handlers, route_methods
 from dtq.api.limits import BodyLimitMiddleware, RequestIdMiddleware, max_body_bytes
 from dtq.api.ws import EventHub, serve_client
 from dtq.config import Settings, load_settings, redact_url
+from dtq.connection import warn_durability
 from dtq.errors import ConfigError
 from dtq.log import configure_logging
 from dtq.metrics import Metrics, count_commands
@@ -169,7 +169,7 @@ async def _start(state: ApiState) -> None:
     count_commands(queue.redis, state.metrics.redis_op)
     try:
         await queue.store.ensure_groups(DEFAULT_QUEUE)
-        await _warn_durability(queue)
+        await warn_durability(queue.redis, log)
         hub = EventHub(queue.redis)
         await hub.start()
     except BaseException:
@@ -191,22 +191,6 @@ async def _stop(state: ApiState) -> None:
     if state.queue is not None:
         await state.queue.close()
         state.queue = None
-
-
-async def _warn_durability(queue: client.Queue) -> None:
-    """DESIGN 3: warn when Redis may evict keys or lose acknowledged writes on a crash."""
-    try:
-        policy = await queue.redis.config_get("maxmemory-policy")
-        aof = await queue.redis.config_get("appendonly")
-    except RedisError:
-        return  # CONFIG is often disabled on managed Redis; nothing to check then
-    if policy.get("maxmemory-policy", "noeviction") != "noeviction":
-        log.warning(
-            "Redis maxmemory-policy is %r, not 'noeviction': tasks may be evicted",
-            policy.get("maxmemory-policy"),
-        )
-    if aof.get("appendonly", "yes") != "yes":
-        log.warning("Redis AOF is off: a Redis crash loses the tasks written since the last save")
 
 
 def serve(settings: Settings, host: str | None = None, port: int | None = None) -> None:
