@@ -14,7 +14,7 @@ import argparse
 import json
 import re
 import sys
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ __all__ = [
     "queue_name",
     "status_name",
     "task_id",
+    "ttl",
     "when",
 ]
 
@@ -111,14 +112,19 @@ def task_id(text: str) -> str:
 
 
 def queue_name(text: str) -> str:
-    from dtq.models import QUEUE_RE
+    """The core's queue-name rule, with its message (:func:`dtq.models.check_queue_name`)."""
+    from dtq.errors import InvalidTaskError
+    from dtq.models import check_queue_name
 
-    if not QUEUE_RE.fullmatch(text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a queue name: lower-case letters, digits, '_' and '-', "
-            "starting with a letter or digit, at most 64 characters"
-        )
-    return text
+    try:
+        return check_queue_name(text)
+    except InvalidTaskError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def ttl(text: str) -> timedelta:
+    """A :func:`duration_s` as the SDK's ``ttl`` option."""
+    return timedelta(seconds=duration_s(text))
 
 
 def status_name(text: str) -> TaskStatus:

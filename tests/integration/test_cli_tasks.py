@@ -22,7 +22,9 @@ ACTOR = f"cli:{getpass.getuser()}@{socket.gethostname()}"
 
 @pytest.fixture
 def cli(redis_url: str) -> Cli:
-    return Cli(redis_url)
+    # The tests submit task types of their own (the seed's send_reminder, handlers run by an
+    # in-process worker) that no module registers: no registry check, as DTQ_TASK_MODULES="".
+    return Cli(redis_url, DTQ_TASK_MODULES="")
 
 
 def audit_entries(redis_url: str) -> list[dict[str, str]]:
@@ -185,7 +187,7 @@ def test_queue_full_is_refused_with_exit_1(cli: Cli) -> None:
         (["--priority", "10"], "priority"),
         (["--max-attempts", "0"], "at least 1"),
         (["--max-attempts", "11"], "DTQ_MAX_ATTEMPTS"),
-        (["--queue", "Bad Queue"], "not a queue name"),
+        (["--queue", "Bad Queue"], "'Bad Queue' is not a valid queue name"),
         (["--metadata", '{"ttl_seconds": 5}', "--ttl", "5m"], "only one of"),
     ],
 )

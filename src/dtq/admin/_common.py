@@ -6,8 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, cast
 
-from dtq.errors import InvalidTaskError
-from dtq.models import QUEUE_RE
+from dtq.models import check_queue_name as check_queue
 
 __all__ = [
     "CHUNK",
@@ -55,14 +54,6 @@ class Audit:
 def audit_args(audit: Audit | None) -> list[str]:
     """The two ARGV values (actor, request_id) every admin script takes; "" = no audit."""
     return ["", ""] if audit is None else [audit.actor, audit.request_id or ""]
-
-
-def check_queue(queue: str) -> None:
-    if not isinstance(queue, str) or not QUEUE_RE.fullmatch(queue):
-        raise InvalidTaskError(
-            f"queue {queue!r} is not a valid queue name (it must match {QUEUE_RE.pattern})",
-            field="queue",
-        )
 
 
 def load_metadata(raw: str | None) -> dict[str, Any]:

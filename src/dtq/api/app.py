@@ -1,28 +1,24 @@
 """The ASGI application: :func:`create_app` (the factory, ``uvicorn --factory
 dtq.api:create_app``) and :func:`serve` (a blocking uvicorn run, for ``dtq api``/``dtq dev``).
 
-The app is a thin layer over the core: validation is :meth:`dtq.models.SubmitRequest.build`,
-state rules are the Lua scripts behind :mod:`dtq.store` and :mod:`dtq.admin`. At start (the
-lifespan) it connects one Redis client, ensures the ``workers`` group on the default queue's
-streams, starts the WebSocket event hub, and warns when auth is off or Redis is not set up for
-durability; at stop it closes them.
+The app is a thin layer over the core: every request goes through one :class:`dtq.client.Queue`,
+which owns every rule (validation, registered types, payload models, limits); the API maps
+them to HTTP. At start (the lifespan) it connects the Queue, ensures the ``workers`` group on
+the default queue's streams, starts the WebSocket event hub, and warns when auth is off or
+Redis is not set up for durability; at stop it closes them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.util
 import logging
-import os
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, WebSocket
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel
 
 from dtq import __version__, client
 from dtq.api import dashboard, routes_admin, routes_ops, routes_tasks
@@ -32,43 +28,16 @@ from dtq.api.limits import BodyLimitMiddleware, RequestIdMiddleware, max_body_by
 from dtq.api.ws import EventHub, serve_client
 from dtq.config import Settings, load_settings, redact_url
 from dtq.connection import warn_durability
-from dtq.errors import ConfigError
 from dtq.log import configure_logging
 from dtq.metrics import Metrics, count_commands
 from dtq.scripts import Scripts
+from dtq_tasks import load_task_types
 
-__all__ = ["DtqApp", "create_app", "load_task_types", "serve"]
+__all__ = ["DtqApp", "create_app", "serve"]
 
 log = logging.getLogger("dtq.api")
 
 DEFAULT_QUEUE = "default"
-
-
-def load_task_types(
-    settings: Settings,
-) -> tuple[frozenset[str] | None, dict[str, type[BaseModel]]]:
-    """Import the task modules (the current directory first on ``sys.path``, like the worker,
-    DESIGN 9) and return the registered task types and their payload models.
-
-    No modules configured: ``None`` (any well-formed task_type is accepted)."""
-    modules = settings.task_module_list
-    if not modules:
-        return None, {}
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            raise ConfigError(
-                f"invalid configuration: DTQ_TASK_MODULES: cannot import {name!r}: {exc}"
-            ) from None
-    from dtq_tasks import registry
-
-    handlers = registry()
-    models = {n: h.payload_model for n, h in handlers.items() if h.payload_model is not None}
-    return frozenset(handlers), models
 
 
 class DtqApp(FastAPI):
@@ -164,11 +133,12 @@ async def _start(state: ApiState) -> None:
     queue = await client.connect(
         settings=s,
         known_types=state.known_types,
+        payload_models=state.payload_models,
         scripts=Scripts(on_call=state.metrics.script_call),
     )
     count_commands(queue.redis, state.metrics.redis_op)
     try:
-        await queue.store.ensure_groups(DEFAULT_QUEUE)
+        await queue.ensure_groups(DEFAULT_QUEUE)
         await warn_durability(queue.redis, log)
         hub = EventHub(queue.redis)
         await hub.start()
