@@ -49,3 +49,13 @@ def test_sync_queue_has_every_async_method_of_queue_with_its_signature() -> None
         sync, async_ = getattr(SyncQueue, name), getattr(Queue, name)
         assert not inspect.iscoroutinefunction(sync), name
         assert inspect.signature(sync) == inspect.signature(async_), name
+
+
+def test_the_list_bound_is_what_the_lists_hold() -> None:
+    """check_list_limit's bound is the size of the recent-tasks index and of the DLQ and audit
+    reads: a larger limit could not return more."""
+    from dtq.admin._common import LIST_CAP
+    from dtq.models import LIST_LIMIT_MAX
+    from dtq.store import RECENT_CAP
+
+    assert LIST_LIMIT_MAX == RECENT_CAP == LIST_CAP
