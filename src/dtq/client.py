@@ -8,7 +8,13 @@
         task = await q.submit("echo_task", {"hello": "world"}, ttl_seconds=300)
         print((await q.get(task.task_id)).status)
 
-``SyncQueue`` (``connect_sync``) is the same surface for scripts without an event loop.
+``Queue`` is the one door into the core: the HTTP API and the CLI use it too, so each rule of
+a submission (the body's validation, the registered task types, the payload models) and of a
+read (queue names, list limits) is applied once, with one message, whoever asks. The options
+of a submission are one typed list, :class:`dtq.models.SubmitOptions`.
+
+``SyncQueue`` (``connect_sync``) is the same surface for scripts without an event loop; its
+methods are made from ``Queue``'s, so they keep the same parameters.
 """
 
 from __future__ import annotations
