@@ -9,6 +9,7 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from test_cli_support import REPO, Cli, clean_env
 
 from dtq import Queue, connect, keys
 from dtq.config import Settings
+from dtq.devserver import free_port
 from dtq.errors import InvalidTaskError, UnknownTaskTypeError
 from dtq.models import LIST_LIMIT_MAX, check_queue_name
 from dtq_tasks import load_task_types
@@ -41,6 +43,12 @@ async def api(settings: Settings) -> AsyncIterator[Api]:
 @pytest.fixture
 def cli(redis_url: str) -> Cli:
     return Cli(redis_url, DTQ_TASK_MODULES=DEMO)
+
+
+@pytest.fixture
+def free_url() -> str:
+    """A Redis URL nobody answers at: a command that got past loading would exit 1."""
+    return f"redis://127.0.0.1:{free_port()}/0"
 
 
 @pytest.fixture
@@ -194,3 +202,32 @@ async def test_one_list_bound_on_every_surface(api: Api, cli: Cli, queue: Queue)
     for args in (["list"], ["dlq", "list"]):
         run = await asyncio.to_thread(cli.fails, 2, *args, "--limit", str(LIST_LIMIT_MAX + 1))
         assert message in run.err
+
+
+# -- one loader of task modules --------------------------------------------------------------------
+
+BROKEN_MODULE = 'raise ValueError("boom at import")\n'
+
+
+@pytest.mark.parametrize("command", [["api", "--port", "1"], ["submit", "--type", "echo_task"]])
+@pytest.mark.parametrize(
+    ("modules", "needle"),
+    [
+        (
+            "broken_tasks",
+            "cannot import task module 'broken_tasks' (DTQ_TASK_MODULES or --tasks): "
+            "ValueError: boom at import",
+        ),
+        ("json", "no task handlers registered"),
+    ],
+)
+def test_the_api_and_submit_load_task_modules_like_the_worker(
+    tmp_path: Path, free_url: str, command: list[str], modules: str, needle: str
+) -> None:
+    """The API caught only an ImportError (anything else a module raised was a traceback) and
+    accepted modules that register nothing (every submit then refused): the worker's rules win,
+    one line, exit 2, before Redis is reached."""
+    (tmp_path / "broken_tasks.py").write_text(BROKEN_MODULE)
+    run = Cli(free_url, DTQ_TASK_MODULES=modules).fails(2, *command, cwd=tmp_path)
+    assert run.err.startswith(f"dtq: error: {needle}"), run.err
+    assert run.err.count("\n") == 1, run.err
