@@ -36,6 +36,7 @@ __all__ = [
     "NOT_STARTED",
     "QUEUE_RE",
     "SUBMIT_OPTIONS",
+    "TASK_ID_RE",
     "TERMINAL",
     "TRANSITIONS",
     "HistoryEntry",
@@ -55,6 +56,7 @@ __all__ = [
 
 METADATA_MAX_BYTES = 4096
 QUEUE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+TASK_ID_RE = re.compile(r"[0-9a-f]{32}")  # what the store generates: a UUID4 as 32 hex digits
 TASK_TYPE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
 IDEMPOTENCY_KEY_MAX = 256
 MAX_DELAY_S = 10 * 365 * 86400  # delay_seconds, ttl_seconds and metadata.ttl_seconds: 10 years

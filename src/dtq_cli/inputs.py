@@ -37,7 +37,6 @@ __all__ = [
 
 _DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _UNITS_S = (86_400, 3_600, 60, 1)
-_TASK_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 MAX_DURATION_S = 10 * 365 * 86_400
 
 
@@ -103,8 +102,10 @@ def json_object(text: str) -> dict[str, Any]:
 
 
 def task_id(text: str) -> str:
+    from dtq.models import TASK_ID_RE
+
     value = text.strip().lower()
-    if not _TASK_ID_RE.match(value):
+    if not TASK_ID_RE.fullmatch(value):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a task id (32 hexadecimal characters, as submit prints)"
         )

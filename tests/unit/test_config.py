@@ -107,6 +107,8 @@ BAD_VALUES = [
     ("DTQ_WORKER_CONCURRENCY", "0", "greater than or equal to 1"),
     ("DTQ_WORKER_ID", "bad id", "letters, digits"),
     ("DTQ_WORKER_ID", "w" * 65, "at most 64"),
+    # the API looks workers up by ASCII ids only: a worker it could never find is refused
+    ("DTQ_WORKER_ID", "wörker-1", "ASCII letters, digits"),
     ("DTQ_WORKER_METRICS_PORT", "-1", "greater than or equal to 0"),
     ("DTQ_VISIBILITY_TIMEOUT_S", "0", "greater than 0"),
     ("DTQ_VISIBILITY_TIMEOUT_S", "nan", "finite"),

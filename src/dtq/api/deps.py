@@ -8,7 +8,6 @@ generates (32 hex digits) and a worker id is letters, digits, ``-`` and
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
@@ -18,10 +17,10 @@ from pydantic import AfterValidator, BaseModel
 
 from dtq.api.ws import EventHub
 from dtq.client import Queue
-from dtq.config import Settings
+from dtq.config import WORKER_ID_RE, Settings
 from dtq.errors import InvalidTaskError, TaskNotFoundError, WorkerNotFoundError
 from dtq.metrics import Metrics
-from dtq.models import LIST_LIMIT_MAX, QUEUE_RE, check_list_limit, check_queue_name
+from dtq.models import LIST_LIMIT_MAX, QUEUE_RE, TASK_ID_RE, check_list_limit, check_queue_name
 
 __all__ = [
     "ApiState",
@@ -36,9 +35,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-TASK_ID_RE = re.compile(r"[0-9a-f]{32}")
-WORKER_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass
