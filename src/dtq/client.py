@@ -51,6 +51,7 @@ from dtq.models import (
     TaskStatus,
     check_list_limit,
     check_queue_name,
+    check_status,
     ttl_delta_seconds,
 )
 from dtq.scripts import Scripts
@@ -219,11 +220,7 @@ class Queue:
         limit: int = 50,
     ) -> builtins.list[Task]:
         """Recent tasks, newest first, filtered by queue, status and task type."""
-        try:
-            st = TaskStatus(status) if status is not None else None
-        except ValueError:
-            valid = ", ".join(s.value for s in TaskStatus)
-            raise InvalidTaskError(f"status {status!r} is not one of {valid}") from None
+        st = None if status is None else check_status(status)
         if queue is not None:
             check_queue_name(queue)
         limit = check_list_limit(limit)

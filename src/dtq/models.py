@@ -48,6 +48,7 @@ __all__ = [
     "can_transition",
     "check_list_limit",
     "check_queue_name",
+    "check_status",
     "compact_json",
     "format_ts",
     "parse_ts",
@@ -94,6 +95,16 @@ class TaskStatus(StrEnum):
     DEAD_LETTERED = "dead_lettered"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
+
+
+def check_status(status: str) -> TaskStatus:
+    """``status`` (a TaskStatus or its value) as a TaskStatus, else InvalidTaskError naming
+    the statuses there are."""
+    try:
+        return TaskStatus(status)
+    except ValueError:
+        valid = ", ".join(s.value for s in TaskStatus)
+        raise InvalidTaskError(f"status {status!r} is not one of {valid}", field="status") from None
 
 
 S = TaskStatus

@@ -129,13 +129,14 @@ def ttl(text: str) -> timedelta:
 
 
 def status_name(text: str) -> TaskStatus:
-    from dtq.models import TaskStatus
+    """The core's status rule, with its message (:func:`dtq.models.check_status`)."""
+    from dtq.errors import InvalidTaskError
+    from dtq.models import check_status
 
     try:
-        return TaskStatus(text.strip().lower())
-    except ValueError:
-        names = ", ".join(s.value for s in TaskStatus)
-        raise argparse.ArgumentTypeError(f"{text!r} is not a status: one of {names}") from None
+        return check_status(text.strip().lower())
+    except InvalidTaskError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
 
 
 def positive_int(text: str) -> int:

@@ -218,7 +218,7 @@ def test_missing_type_and_bad_ids_are_usage_errors(cli: Cli) -> None:
     assert "--type" in cli.fails(2, "submit").err
     for command in ("get", "status", "history", "cancel", "expire"):
         assert "not a task id" in cli.fails(2, command, "not-an-id").err
-    assert "not a status" in cli.fails(2, "list", "--status", "done").err
+    assert "status 'done' is not one of" in cli.fails(2, "list", "--status", "done").err
     assert "at least 1" in cli.fails(2, "list", "--limit", "0").err
     assert "--json" in cli.fails(2, "--json", "list").err  # --json goes after the command
 

@@ -231,3 +231,19 @@ def test_the_api_and_submit_load_task_modules_like_the_worker(
     run = Cli(free_url, DTQ_TASK_MODULES=modules).fails(2, *command, cwd=tmp_path)
     assert run.err.startswith(f"dtq: error: {needle}"), run.err
     assert run.err.count("\n") == 1, run.err
+
+
+async def test_one_status_message_on_every_surface(api: Api, cli: Cli, queue: Queue) -> None:
+    message = "status 'bogus' is not one of pending, queued, running, succeeded, retrying, "
+    with pytest.raises(InvalidTaskError) as exc:
+        await queue.list(status="bogus")
+    assert exc.value.message.startswith(message)
+    resp = await api.client.get("/api/v1/tasks", params={"status": "bogus"})
+    assert resp.status_code == 400
+    err = error_of(resp)
+    assert (
+        err["code"] == "INVALID_REQUEST" and err["message"] == f"query.status: {exc.value.message}"
+    )
+    assert (await api.client.get("/api/v1/tasks", params={"status": "queued"})).status_code == 200
+    run = await asyncio.to_thread(cli.fails, 2, "list", "--status", "bogus")
+    assert exc.value.message in run.err

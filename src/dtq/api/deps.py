@@ -13,14 +13,22 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Path, Query, Request
-from pydantic import AfterValidator, BaseModel
+from pydantic import AfterValidator, BaseModel, BeforeValidator
 
 from dtq.api.ws import EventHub
 from dtq.client import Queue
 from dtq.config import WORKER_ID_RE, Settings
 from dtq.errors import InvalidTaskError, TaskNotFoundError, WorkerNotFoundError
 from dtq.metrics import Metrics
-from dtq.models import LIST_LIMIT_MAX, QUEUE_RE, TASK_ID_RE, check_list_limit, check_queue_name
+from dtq.models import (
+    LIST_LIMIT_MAX,
+    QUEUE_RE,
+    TASK_ID_RE,
+    TaskStatus,
+    check_list_limit,
+    check_queue_name,
+    check_status,
+)
 
 __all__ = [
     "ApiState",
@@ -28,6 +36,7 @@ __all__ = [
     "QueueFilter",
     "QueueName",
     "State",
+    "StatusFilter",
     "check_task_id",
     "check_worker_id",
     "core_rule",
@@ -78,9 +87,12 @@ def check_worker_id(worker_id: str) -> str:
     return worker_id
 
 
-def core_rule(check: Callable[[Any], T]) -> AfterValidator:
+def core_rule(
+    check: Callable[[Any], T], *, before: bool = False
+) -> AfterValidator | BeforeValidator:
     """A rule of the core (a function raising InvalidTaskError) as a parameter validator: a bad
-    query or path value is 400 INVALID_REQUEST with the core's message."""
+    query or path value is 400 INVALID_REQUEST with the core's message. ``before``: the rule
+    parses the raw value (the declared type then only documents it)."""
 
     def validate(value: Any) -> T:
         try:
@@ -88,7 +100,7 @@ def core_rule(check: Callable[[Any], T]) -> AfterValidator:
         except InvalidTaskError as exc:
             raise ValueError(exc.message) from None
 
-    return AfterValidator(validate)
+    return BeforeValidator(validate) if before else AfterValidator(validate)
 
 
 # The pattern and bounds are stated for the OpenAPI document; the core's rule checks them.
@@ -103,6 +115,11 @@ QueueFilter = Annotated[
     str | None,
     Query(json_schema_extra=_QUEUE_SCHEMA),
     core_rule(lambda q: None if q is None else check_queue_name(q)),
+]
+StatusFilter = Annotated[
+    TaskStatus | None,
+    Query(),
+    core_rule(lambda s: None if s is None else check_status(s), before=True),
 ]
 Limit = Annotated[
     int,

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from dtq.api.auth import RequireOperator
-from dtq.api.deps import ApiState, Limit, QueueFilter, State, check_task_id
+from dtq.api.deps import ApiState, Limit, QueueFilter, State, StatusFilter, check_task_id
 from dtq.api.errors import responses
 from dtq.client import Change
 from dtq.config import Settings
@@ -216,7 +216,7 @@ async def get_task(task_id: str, state: State) -> Task:
 async def list_tasks(
     state: State,
     queue: QueueFilter = None,
-    status: TaskStatus | None = None,
+    status: StatusFilter = None,
     task_type: Annotated[str | None, Query(max_length=128)] = None,
     limit: Limit = 50,
 ) -> TaskList:
