@@ -50,9 +50,10 @@ def _run_crashing_worker(argv: list[str]) -> int:
     from dtq.calls import Entry, Outcome, StartReply
     from dtq.config import load_settings
     from dtq.log import configure_logging
-    from dtq.worker import Worker, WorkerObserver, load_task_modules
+    from dtq.worker import Worker, WorkerObserver
     from dtq.worker.__main__ import build_parser
     from dtq.worker.executor import Execution
+    from dtq_tasks import load_task_modules
 
     class CrashAt(WorkerObserver):
         def task_started(self, entry: Entry, start: StartReply) -> None:
@@ -74,7 +75,7 @@ def _run_crashing_worker(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     settings = load_settings()
     configure_logging(settings, "worker")
-    handlers = load_task_modules(args.task_modules or settings.task_module_list)
+    handlers = load_task_modules(args.task_modules or settings.task_module_list).handlers
     worker = Worker(
         settings,
         queues=args.queues or ["default"],

@@ -14,8 +14,7 @@ import json
 import pytest
 from redis.asyncio import Redis
 
-from dtq import Queue, TaskStatus, admin, calls, connect_sync, keys
-from dtq.admin import Audit
+from dtq import Audit, Queue, TaskStatus, admin, calls, connect_sync, keys
 from dtq.errors import (
     InvalidTaskError,
     InvalidTransitionError,

@@ -1,7 +1,7 @@
 """The one collector of ``dtq:events``: every event published while the block runs.
 
 ``raw`` keeps each event's JSON object as published (for tests of the wire shape), ``items``
-the same events parsed (:class:`dtq.events.Event`), in arrival order. The subscription is
+the same events parsed (:class:`Event`), in arrival order. The subscription is
 confirmed before the block starts, and :meth:`Events.sync` (also run when the block ends
 without an error) waits for everything published before it, so nothing published inside the
 block is missed and an assertion that an event did not happen can fail: it publishes a token on
@@ -14,16 +14,48 @@ import asyncio
 import contextlib
 import json
 import uuid
+from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 from redis.asyncio import Redis
 
 from dtq import keys
-from dtq.events import Event
 from support.waiting import wait_until
 
-__all__ = ["Events"]
+__all__ = ["Event", "Events"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event as published on dtq:events (contract section 8), parsed for assertions."""
+
+    event_id: str
+    ts: datetime
+    type: str
+    task_id: str | None
+    queue: str | None
+    task_type: str | None
+    attempt: int | None
+    worker_id: str | None
+    metadata: dict[str, Any]
+
+    @classmethod
+    def parse(cls, raw: str | bytes) -> Event:
+        data = json.loads(raw)
+        metadata = data.get("metadata")
+        return cls(
+            event_id=data["event_id"],
+            ts=datetime.fromisoformat(data["ts"].replace("Z", "+00:00")),
+            type=data["type"],
+            task_id=data.get("task_id"),
+            queue=data.get("queue"),
+            task_type=data.get("task_type"),
+            attempt=data.get("attempt"),
+            worker_id=data.get("worker_id"),
+            metadata=metadata if isinstance(metadata, dict) else {},  # cjson encodes {} as []
+        )
 
 
 class Events:

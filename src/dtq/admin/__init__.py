@@ -16,7 +16,7 @@ purge), ``views`` (statistics, workers, audit log). ``docs/operations-admin.md``
 operation in Redis terms and which values are exact.
 """
 
-from dtq.admin._common import CHUNK, SWEEP_BATCH, Audit
+from dtq.admin._common import CHUNK, SWEEP_BATCH
 from dtq.admin.dlq import dlq_discard, dlq_get, dlq_list, dlq_purge, dlq_requeue
 from dtq.admin.queues import purge_queue, set_paused
 from dtq.admin.tasks import Swept, cancel, expire, sweep_due, task_keys
@@ -25,7 +25,6 @@ from dtq.admin.views import all_queue_stats, audit_log, queue_stats, worker, wor
 __all__ = [
     "CHUNK",
     "SWEEP_BATCH",
-    "Audit",
     "Swept",
     "all_queue_stats",
     "audit_log",

@@ -242,17 +242,6 @@ class Metrics:
         if duration_s is not None:
             self._child(self.duration, *qt).observe(max(0.0, duration_s))
 
-    async def task_completed_by_id(self, redis: Redis, task_id: str, status: str) -> None:
-        """A terminal status this process recorded for a task it knows only by id (API cancel
-        and expire). A failure to read its labels is logged, never raised: the change is made."""
-        try:
-            labels = (await task_labels(redis, [task_id])).get(task_id)
-        except (RedisError, OSError) as exc:
-            log.warning("metrics: %s of task %s not counted: %s", status, task_id, exc)
-            return
-        if labels is not None:
-            self.task_completed(*labels, status)
-
     def retry_scheduled(self, queue: str, task_type: str, delay_s: float) -> None:
         self._child(self.retry_delay, *self._qt(queue, task_type)).observe(max(0.0, delay_s))
 
