@@ -320,6 +320,27 @@ async def test_old_task_gets_its_payload_moved_into_the_hash(
     assert (await queue.get(task.task_id)).payload == PAYLOAD
 
 
+@pytest.mark.parametrize("worker_lost", [False, True], ids=["finish", "start-worker-lost"])
+async def test_old_running_task_dead_letters_with_its_payload(
+    queue: Queue, r: Redis, settings: Settings, worker_lost: bool
+) -> None:
+    """A task the previous dtq had started when it was upgraded: the dead-letter entry, written
+    by finish or by start's WorkerLost path, takes its payload from the old key."""
+    task = await queue.submit("echo_task", PAYLOAD, max_attempts=1)
+    entry = await read_as(r, "worker-deaddead")
+    started = await start_as(r, entry, "worker-deaddead", settings)
+    await to_old_layout(r, task.task_id)
+    if worker_lost:
+        await r.xclaim(entry.stream, keys.CONSUMER_GROUP, "worker-00000002", 0, [entry.entry_id])
+        assert (await start_as(r, entry, "worker-00000002", settings)).kind == "dead"
+    else:
+        failed = permanent_error()
+        done = await finish_as(r, entry, started.attempt, failed, "worker-deaddead", settings)
+        assert done.status == "dead_lettered"
+    assert await dlq_payload(r, task.task_id) == PAYLOAD
+    await assert_payload_in_hash(r, task.task_id, settings)
+
+
 async def test_old_dead_letter_requeues_and_runs_with_its_payload(
     queue: Queue, r: Redis, settings: Settings
 ) -> None:
