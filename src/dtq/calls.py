@@ -194,7 +194,6 @@ def _submit_call(reqs: Sequence[SubmitRequest], ids: Sequence[str], s: Settings)
             keys.task(task_id),
             keys.history(task_id),
             keys.idempotency(queue, idem),
-            keys.payload(task_id),
         )
         ttl_ms = req.effective_ttl_ms()
         exp_ms = req.expires_at_ms()
@@ -650,7 +649,7 @@ def _expire_call(
     s: Settings, tasks: Sequence[tuple[str, Where | None]], mode: str, audit: Audit | None
 ) -> Call:
     """One expire.lua call for (task id, where) pairs. A task whose ``where`` is not known yet
-    gets its hash, history and payload keys only (see the script's header)."""
+    gets its hash, history and old payload keys only (see the script's header)."""
     key_list = [keys.RETRY_SCHEDULE, keys.RETRY_CLAIMED, keys.EXPIRY, keys.AUDIT]
     argv: list[Any] = [mode, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, *_audit(audit)]
     for task_id, where in tasks:

@@ -1,7 +1,7 @@
 """Every Redis key and channel name dtq uses; nowhere else writes ``"dtq:"``.
 
-The names are the contract's (section 2) plus the deliberate extensions of DESIGN 6 and 7 and
-the task's payload key; ``docs/redis-schema.md`` describes each one.
+The names are the contract's (section 2) plus the deliberate extensions of DESIGN 6 and 7, and
+the payload key of tasks an older dtq wrote; ``docs/redis-schema.md`` describes each one.
 """
 
 from __future__ import annotations
@@ -75,10 +75,11 @@ def history(task_id: str) -> str:
 
 
 def payload(task_id: str) -> str:
-    """The task's payload JSON, a string key beside its hash (deliberate extension: a value
-    over 64 bytes in the hash would push the whole hash out of Redis's compact encoding;
-    docs/redis-schema.md has the figures). Written at submit with the hash's TTL, which every
-    script that refreshes the hash's TTL refreshes on it too."""
+    """Where the dtq before this one kept a task's payload JSON, beside its hash. Nothing
+    writes it now (the payload is the hash's ``payload`` field, contract section 2): the
+    scripts that give a task a lifetime receive it to move such a key into the hash, and reads
+    fall back to it for a task not moved yet (docs/redis-schema.md, "Tasks an older dtq
+    wrote")."""
     return f"dtq:task:{task_id}:payload"
 
 

@@ -496,8 +496,7 @@ class HistoryEntry(BaseModel):
 
 
 class Task(BaseModel):
-    """A task as stored in ``dtq:task:<task_id>`` (its payload in ``dtq:task:<task_id>:payload``),
-    with its execution metadata."""
+    """A task as stored in ``dtq:task:<task_id>``, with its execution metadata."""
 
     task_id: str
     idempotency_key: str | None = None
@@ -537,12 +536,8 @@ class Task(BaseModel):
         return self.expires_at is not None and now >= self.expires_at
 
     @classmethod
-    def from_hash(
-        cls, h: Mapping[str, str], result: str | None = None, payload: str | None = None
-    ) -> Task:
-        """The task from its hash, its result key and its payload key (``payload``: None when
-        the key is missing, as for a task written before the payload had its own key, which
-        keeps it in the hash's ``payload`` field)."""
+    def from_hash(cls, h: Mapping[str, str], result: str | None = None) -> Task:
+        """The task from its hash (the payload its ``payload`` field) and its result key."""
 
         def opt(name: str) -> str | None:
             v = h.get(name)
@@ -557,7 +552,7 @@ class Task(BaseModel):
             task_id=h["task_id"],
             idempotency_key=opt("idempotency_key"),
             task_type=h["task_type"],
-            payload=json.loads(payload or h.get("payload") or "{}"),
+            payload=json.loads(h.get("payload") or "{}"),
             created_at=h["created_at"],
             available_at=h.get("available_at") or h["created_at"],
             updated_at=opt("updated_at"),

@@ -162,26 +162,36 @@ class Store:
         return tasks[0]
 
     async def get_many(self, task_ids: Sequence[str]) -> list[Task]:
-        """Tasks that still exist, in the order given, in one round trip.
+        """Tasks that still exist, in the order given, in one round trip: each task's hash (its
+        payload one of the fields) and its result key.
 
-        Each task is its payload key, its hash and its result key. The payload is read first:
-        every script sets its TTL after the hash's, so it never expires before the hash, and a
-        hash found after it always comes with its payload. A task written before the payload
-        had its own key has no payload key and keeps the payload in its hash.
+        A hash without a payload is a task an older dtq wrote, its payload still in its old key
+        (docs/redis-schema.md, "Tasks an older dtq wrote"): those alone take a second round trip
+        (:meth:`_old_payloads`), so that a task written now costs no extra command.
         """
         if not task_ids:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for tid in task_ids:
-            pipe.get(keys.payload(tid))
             pipe.hgetall(keys.task(tid))
             pipe.get(keys.result(tid))
         flat = await pipe.execute()
-        return [
-            Task.from_hash(h, r, payload)
-            for payload, h, r in zip(flat[::3], flat[1::3], flat[2::3], strict=True)
-            if h
-        ]
+        found = [(h, r) for h, r in zip(flat[::2], flat[1::2], strict=True) if h]
+        old = [h for h, _ in found if "payload" not in h]
+        if old:
+            await self._old_payloads(old)
+        return [Task.from_hash(h, r) for h, r in found]
+
+    async def _old_payloads(self, hashes: Sequence[dict[str, str]]) -> None:
+        """Fill in the payload of hashes read without one, in one round trip: the old key's, or
+        the hash's field when a script moved the key into the hash after the first read."""
+        pipe = self.redis.pipeline(transaction=False)
+        for h in hashes:
+            pipe.hget(keys.task(h["task_id"]), "payload")
+            pipe.get(keys.payload(h["task_id"]))
+        flat = await pipe.execute()
+        for h, moved, old in zip(hashes, flat[::2], flat[1::2], strict=True):
+            h["payload"] = moved or old or "{}"
 
     async def list(
         self,

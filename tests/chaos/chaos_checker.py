@@ -102,7 +102,10 @@ class TaskView:
     history: list[dict[str, Any]]
     execs: list[Exec]
     terminal_events: list[dict[str, Any]]
-    payload: str | None = None  # dtq:task:<id>:payload
+
+    @property
+    def payload(self) -> str | None:
+        return self.hash.get("payload")
 
     @property
     def status(self) -> str | None:
@@ -204,16 +207,14 @@ async def load_views(
         for tid in chunk:
             pipe.hgetall(keys.task(tid))
             pipe.lrange(keys.history(tid), 0, -1)
-            pipe.get(keys.payload(tid))
         flat = await pipe.execute()
-        for tid, h, hist, payload in zip(chunk, flat[::3], flat[1::3], flat[2::3], strict=True):
+        for tid, h, hist in zip(chunk, flat[::2], flat[1::2], strict=True):
             views[tid] = TaskView(
                 tid,
                 h,
                 [json.loads(x) for x in hist],
                 execs.get(tid, []),
                 terminal_events.get(tid, []),
-                payload,
             )
     return views
 

@@ -215,6 +215,6 @@ async def all_task_ids(r: Redis) -> list[str]:
     """Every task hash in Redis (SCAN), whoever submitted it."""
     out = []
     async for key in r.scan_iter(match=keys.task("*"), count=1000):
-        if key.count(":") == 2:  # not a task's :history or :payload
+        if key.count(":") == 2:  # not a task's :history
             out.append(key.removeprefix(keys.task("")))
     return out

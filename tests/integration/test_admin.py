@@ -63,7 +63,7 @@ async def dead_letter(
             "task_id": task_id,
             "queue": h["queue"],
             "task_type": h["task_type"],
-            "payload": await r.get(keys.payload(task_id)),
+            "payload": h["payload"],
             "attempt": attempts,
             "max_attempts": h["max_attempts"],
             "priority": h["priority"],

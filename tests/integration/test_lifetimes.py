@@ -57,7 +57,7 @@ async def wait_redis_clock(r: Redis, target_ms: int) -> None:
 
 
 def task_keys(task_id: str) -> list[str]:
-    return [keys.task(task_id), keys.history(task_id), keys.payload(task_id)]
+    return [keys.task(task_id), keys.history(task_id)]
 
 
 async def assert_no_ttl(r: Redis, task_id: str) -> None:

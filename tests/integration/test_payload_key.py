@@ -1,11 +1,12 @@
-"""The payload's own key ``dtq:task:<id>:payload`` (docs/redis-schema.md, "The payload key").
+"""The payload in the task hash (contract section 2; docs/redis-schema.md, "Task hash fields").
 
-A payload over 64 bytes in the task hash would push the whole hash out of Redis's compact
-encoding, so submit writes it beside the hash with the hash's lifetime: no TTL while the task
-waits or runs, the retention once it ended (DESIGN 11), set on both by every script. A task
-written before this layout (payload in the hash, no payload key) must still read, run,
-dead-letter and requeue with its payload: an upgrade with tasks in flight loses nothing. Every
-assertion reads Redis or what the SDK returns.
+``dtq:task:<id>`` is a hash with all task fields: ``HGET dtq:task:<id> payload`` gives the
+payload's compact JSON whatever the task's status, and no ``dtq:task:<id>:payload`` key is
+written. A task the dtq before this one wrote keeps its payload in that key and no ``payload``
+field (docs/redis-schema.md, "Tasks an older dtq wrote"): it must still read, run, dead-letter
+and requeue with its payload, and the first script that gives it a lifetime moves the key into
+the hash, so that the payload lives exactly as long as the hash. Every assertion reads Redis or
+what the SDK returns.
 """
 
 from __future__ import annotations
@@ -27,44 +28,43 @@ from support import running_worker
 from support.worker import fast, finish_as, handlers, read_as, start_as, wait_status
 
 PAYLOAD = {"user": "u-123456", "text": "x" * 71}  # 100 bytes of compact JSON
-AGED_S = 100  # a TTL far below the retention: a refresh shows as a TTL above it
+AGED_S = 100  # a TTL far below the retention: a retention set anew shows as a TTL above it
 
 
 def test_the_payload_is_over_the_compact_hash_limit() -> None:
     assert len(compact_json(PAYLOAD).encode()) == 100
 
 
-async def hash_encoding(r: Redis, task_id: str) -> str:
-    return str(await r.object("encoding", keys.task(task_id)))
-
-
 async def age(r: Redis, task_id: str) -> None:
-    """Bring the hash's and the payload's TTL down, as if the task had waited for days (a legacy
-    task has no payload key)."""
+    """Bring the hash's TTL down, as if the task had ended days ago."""
     assert await r.expire(keys.task(task_id), AGED_S)
-    await r.expire(keys.payload(task_id), AGED_S)
 
 
-async def assert_kept_together(r: Redis, task_id: str, settings: Settings) -> None:
-    """Both TTLs were set to the retention (a terminal task; the payload's is never the shorter)
-    or both removed (a task that waits or runs)."""
-    hash_ttl = await r.ttl(keys.task(task_id))
-    payload_ttl = await r.ttl(keys.payload(task_id))
+async def old_payload_keys(r: Redis) -> list[str]:
+    return [k async for k in r.scan_iter(match="dtq:task:*:payload", count=1000)]
+
+
+async def assert_payload_in_hash(r: Redis, task_id: str, settings: Settings) -> None:
+    """The payload is the hash's field, no payload key exists, and the hash's lifetime is its
+    status's: none while the task waits or runs, the retention set anew once it ended."""
+    assert await r.hget(keys.task(task_id), "payload") == compact_json(PAYLOAD)
+    assert await old_payload_keys(r) == []
+    ttl = await r.ttl(keys.task(task_id))
     if await r.hget(keys.task(task_id), "status") in {"pending", "queued", "retrying", "running"}:
-        assert hash_ttl == payload_ttl == -1
+        assert ttl == -1
     else:
-        assert AGED_S < hash_ttl <= settings.task_retention_s
-        assert AGED_S < payload_ttl <= settings.task_retention_s
-    assert await r.get(keys.payload(task_id)) == compact_json(PAYLOAD)
-    assert "payload" not in await r.hgetall(keys.task(task_id))
+        assert AGED_S < ttl <= settings.task_retention_s
 
 
-async def to_legacy(r: Redis, task_id: str) -> None:
-    """Rewrite a task as dtq wrote it before the payload key: the payload a hash field."""
-    raw = await r.get(keys.payload(task_id))
+async def to_old_layout(r: Redis, task_id: str) -> None:
+    """Rewrite a task as the dtq before this one wrote it: the payload in a key of its own with
+    the hash's TTL (it gave every task the retention), no payload field in the hash."""
+    raw = await r.hget(keys.task(task_id), "payload")
     assert raw is not None
-    await r.hset(keys.task(task_id), "payload", raw)
-    await r.delete(keys.payload(task_id))
+    await r.hdel(keys.task(task_id), "payload")
+    await r.set(keys.payload(task_id), raw, ex=AGED_S)
+    await r.expire(keys.task(task_id), AGED_S)
+    await r.expire(keys.history(task_id), AGED_S)
 
 
 def permanent_error() -> Outcome:
@@ -100,25 +100,21 @@ async def stream_payload(r: Redis, task: Task) -> Any:
     [{}, {"delay_seconds": 30}, {"ttl_seconds": 0}],
     ids=["queued", "delayed", "expired-at-submit"],
 )
-async def test_submit_writes_the_payload_beside_a_compact_hash(
+async def test_submit_writes_the_payload_into_the_hash(
     queue: Queue, r: Redis, settings: Settings, options: dict[str, Any]
 ) -> None:
     task = await queue.submit("echo_task", PAYLOAD, **options)
-    h = await r.hgetall(keys.task(task.task_id))
-    assert "payload" not in h and h["task_id"] == task.task_id
-    assert await hash_encoding(r, task.task_id) in ("ziplist", "listpack")
-    assert await r.get(keys.payload(task.task_id)) == compact_json(PAYLOAD)
-    # no TTL while the task waits; the retention for one expired at submit (DESIGN 11)
-    payload_ttl = await r.ttl(keys.payload(task.task_id))
-    assert payload_ttl == await r.ttl(keys.task(task.task_id))
+    assert await r.hget(keys.task(task.task_id), "payload") == compact_json(PAYLOAD)
+    assert await old_payload_keys(r) == []
+    ttl = await r.ttl(keys.task(task.task_id))
     if task.status is TaskStatus.EXPIRED:
-        assert settings.task_retention_s - 5 < payload_ttl <= settings.task_retention_s
+        assert settings.task_retention_s - 5 < ttl <= settings.task_retention_s
     else:
-        assert payload_ttl == -1
+        assert ttl == -1  # no TTL while the task waits (DESIGN 11)
     assert (await queue.get(task.task_id)).payload == PAYLOAD
     assert task.payload == PAYLOAD
     if task.status is TaskStatus.QUEUED:
-        assert await stream_payload(r, task) == PAYLOAD  # the entry keeps it (contract 2)
+        assert await stream_payload(r, task) == PAYLOAD  # the entry has it too (contract 2)
 
 
 async def test_reads_and_replays_return_the_payload(queue: Queue, r: Redis) -> None:
@@ -139,7 +135,7 @@ async def test_reads_and_replays_return_the_payload(queue: Queue, r: Redis) -> N
     assert isinstance(batch, Task) and batch.duplicate and batch.payload == PAYLOAD
 
 
-# -- every script sets both lifetimes ------------------------------------------------------------
+# -- every script keeps the payload in the hash ---------------------------------------------------
 
 Op = Callable[[Queue, Redis, Settings, str], Awaitable[None]]
 
@@ -164,6 +160,23 @@ async def op_finish(queue: Queue, r: Redis, settings: Settings, task_id: str) ->
     success = Outcome("success")
     done = await finish_as(r, entry, started.attempt, success, "worker-00000001", settings)
     assert done.status == "succeeded"
+
+
+async def op_finish_retry(queue: Queue, r: Redis, settings: Settings, task_id: str) -> None:
+    entry = await read_as(r, "worker-00000001")
+    started = await start_as(r, entry, "worker-00000001", settings)
+    await age(r, task_id)
+    retry = Outcome("error", error_class="RetryableError", retryable=True, delay_ms=60_000)
+    done = await finish_as(r, entry, started.attempt, retry, "worker-00000001", settings)
+    assert done.status == "retrying"
+
+
+async def op_finish_failed(queue: Queue, r: Redis, settings: Settings, task_id: str) -> None:
+    entry = await read_as(r, "worker-00000001")
+    started = await start_as(r, entry, "worker-00000001", settings)
+    failed = permanent_error()
+    done = await finish_as(r, entry, started.attempt, failed, "worker-00000001", settings)
+    assert done.status == "failed"
 
 
 async def op_finish_dead_letter(queue: Queue, r: Redis, settings: Settings, task_id: str) -> None:
@@ -210,40 +223,58 @@ async def op_promote(queue: Queue, r: Redis, settings: Settings, task_id: str) -
     assert await stream_payload(r, await queue.get(task_id)) == PAYLOAD
 
 
-OPS: dict[str, tuple[Op, dict[str, Any]]] = {
-    "cancel": (op_cancel, {}),
-    "mark_expired": (op_mark_expired, {}),
-    "promote": (op_promote, {"delay_seconds": 60}),
-    "start": (op_start, {}),
-    "finish": (op_finish, {}),
-    "finish-dead-letter": (op_finish_dead_letter, {}),
-    "start-worker-lost": (op_worker_lost, {"max_attempts": 1}),
-    "dlq_requeue": (op_dlq_requeue, {}),
-    "dlq_discard": (op_dlq_discard, {}),
-    "dlq_purge": (op_dlq_purge, {}),
-    "purge_queue": (op_purge_queue, {}),
+async def op_promote_expired(queue: Queue, r: Redis, settings: Settings, task_id: str) -> None:
+    await r.hset(keys.task(task_id), "expires_at_ms", 1)  # its deadline has passed
+    await r.zadd(keys.RETRY_SCHEDULE, {task_id: 0})
+    await Scheduler(queue.store, settings, "worker-5c4ed000").tick()
+    assert await r.hget(keys.task(task_id), "status") == "expired"
+
+
+# Each reaches the status in its name (or a terminal one) through the script that sets it.
+OPS: dict[str, tuple[Op, dict[str, Any], str]] = {
+    "cancel": (op_cancel, {}, "cancelled"),
+    "mark_expired": (op_mark_expired, {}, "expired"),
+    "promote": (op_promote, {"delay_seconds": 60}, "queued"),
+    "promote-expired": (op_promote_expired, {"delay_seconds": 60}, "expired"),
+    "start": (op_start, {}, "running"),
+    "finish": (op_finish, {}, "succeeded"),
+    "finish-retry": (op_finish_retry, {"max_attempts": 3}, "retrying"),
+    "finish-failed": (op_finish_failed, {}, "failed"),
+    "finish-dead-letter": (op_finish_dead_letter, {}, "dead_lettered"),
+    "start-worker-lost": (op_worker_lost, {"max_attempts": 1}, "dead_lettered"),
+    "dlq_requeue": (op_dlq_requeue, {}, "queued"),
+    "dlq_discard": (op_dlq_discard, {}, "dead_lettered"),
+    "dlq_purge": (op_dlq_purge, {}, "dead_lettered"),
+    "purge_queue": (op_purge_queue, {}, "cancelled"),
 }
 
 
 @pytest.mark.parametrize("name", list(OPS))
-async def test_every_state_change_keeps_the_payload_with_the_hash(
+async def test_every_state_change_keeps_the_payload_in_the_hash(
     queue: Queue, r: Redis, settings: Settings, name: str
 ) -> None:
-    op, options = OPS[name]
+    op, options, status = OPS[name]
+    settings = settings.model_copy(update={"dlq_enabled": name != "finish-failed"})
     task = await queue.submit("echo_task", PAYLOAD, **options)
-    await age(r, task.task_id)
     await op(queue, r, settings, task.task_id)
-    await assert_kept_together(r, task.task_id, settings)
+    assert await r.hget(keys.task(task.task_id), "status") == status
+    await assert_payload_in_hash(r, task.task_id, settings)
     assert (await queue.get(task.task_id)).payload == PAYLOAD
 
 
-# -- tasks written before the payload key ---------------------------------------------------------
+def test_the_state_changes_reach_every_status() -> None:
+    """With a delayed submit (pending), the cases above see each of the nine statuses."""
+    reached = {status for _, _, status in OPS.values()} | {"pending"}
+    assert reached == {s.value for s in TaskStatus}
 
 
-async def test_legacy_task_reads_with_its_payload(queue: Queue, r: Redis) -> None:
+# -- tasks the dtq before this one wrote (payload in its own key) ---------------------------------
+
+
+async def test_old_task_reads_with_its_payload(queue: Queue, r: Redis) -> None:
     task = await queue.submit("echo_task", PAYLOAD, idempotency_key="k-old")
-    await to_legacy(r, task.task_id)
-    assert not await r.exists(keys.payload(task.task_id))
+    await to_old_layout(r, task.task_id)
+    assert await r.hget(keys.task(task.task_id), "payload") is None
     assert (await queue.get(task.task_id)).payload == PAYLOAD
     assert [t.payload for t in await queue.list()] == [PAYLOAD]
     await r.set(
@@ -254,20 +285,56 @@ async def test_legacy_task_reads_with_its_payload(queue: Queue, r: Redis) -> Non
     assert replay.duplicate and replay.payload == PAYLOAD
 
 
-@pytest.mark.parametrize("name", ["promote", "finish-dead-letter", "start-worker-lost"])
-async def test_legacy_task_moves_with_its_payload(
+async def test_a_read_mixes_old_and_new_tasks(queue: Queue, r: Redis) -> None:
+    old = await queue.submit("echo_task", PAYLOAD)
+    new = await queue.submit("echo_task", {"n": 1})
+    await to_old_layout(r, old.task_id)
+    got = await queue.store.get_many([new.task_id, "0" * 32, old.task_id])
+    assert [(t.task_id, t.payload) for t in got] == [
+        (new.task_id, {"n": 1}),
+        (old.task_id, PAYLOAD),
+    ]
+
+
+@pytest.mark.parametrize("name", list(OPS))
+async def test_old_task_gets_its_payload_moved_into_the_hash(
     queue: Queue, r: Redis, settings: Settings, name: str
 ) -> None:
-    """Promotion and both dead-letter paths take a legacy task's payload from its hash."""
-    op, options = OPS[name]
+    """Whatever script first gives an old task a lifetime moves its payload key into the hash:
+    a task that now waits or runs without a TTL never outlives its payload, and the entries the
+    scripts write (stream, dead letter) carry it."""
+    op, options, status = OPS[name]
+    settings = settings.model_copy(update={"dlq_enabled": name != "finish-failed"})
     task = await queue.submit("echo_task", PAYLOAD, **options)
-    await to_legacy(r, task.task_id)
+    await to_old_layout(r, task.task_id)
     await op(queue, r, settings, task.task_id)
+    assert await r.hget(keys.task(task.task_id), "status") == status
+    await assert_payload_in_hash(r, task.task_id, settings)
     assert (await queue.get(task.task_id)).payload == PAYLOAD
-    assert not await r.exists(keys.payload(task.task_id))  # nothing recreates the key
 
 
-async def test_legacy_dead_letter_requeues_and_runs_with_its_payload(
+@pytest.mark.parametrize("worker_lost", [False, True], ids=["finish", "start-worker-lost"])
+async def test_old_running_task_dead_letters_with_its_payload(
+    queue: Queue, r: Redis, settings: Settings, worker_lost: bool
+) -> None:
+    """A task the previous dtq had started when it was upgraded: the dead-letter entry, written
+    by finish or by start's WorkerLost path, takes its payload from the old key."""
+    task = await queue.submit("echo_task", PAYLOAD, max_attempts=1)
+    entry = await read_as(r, "worker-deaddead")
+    started = await start_as(r, entry, "worker-deaddead", settings)
+    await to_old_layout(r, task.task_id)
+    if worker_lost:
+        await r.xclaim(entry.stream, keys.CONSUMER_GROUP, "worker-00000002", 0, [entry.entry_id])
+        assert (await start_as(r, entry, "worker-00000002", settings)).kind == "dead"
+    else:
+        failed = permanent_error()
+        done = await finish_as(r, entry, started.attempt, failed, "worker-deaddead", settings)
+        assert done.status == "dead_lettered"
+    assert await dlq_payload(r, task.task_id) == PAYLOAD
+    await assert_payload_in_hash(r, task.task_id, settings)
+
+
+async def test_old_dead_letter_requeues_and_runs_with_its_payload(
     queue: Queue, r: Redis, settings: Settings
 ) -> None:
     seen: list[dict[str, Any]] = []
@@ -277,18 +344,18 @@ async def test_legacy_dead_letter_requeues_and_runs_with_its_payload(
         return "ok"
 
     task = await queue.submit("wt_record", PAYLOAD)
-    await to_legacy(r, task.task_id)
     await dead_letter(r, queue, settings, task.task_id)
+    await to_old_layout(r, task.task_id)
     assert (await queue.dlq_get(task.task_id)).payload == PAYLOAD
     requeued = await queue.requeue_dead_letter(task.task_id)
     assert requeued.payload == PAYLOAD and await stream_payload(r, requeued) == PAYLOAD
     async with running_worker(fast(settings), handlers(wt_record=record)):
         await wait_status(r, task.task_id, "succeeded")
     assert seen == [PAYLOAD]
-    assert (await queue.get(task.task_id)).payload == PAYLOAD
+    await assert_payload_in_hash(r, task.task_id, settings)
 
 
-async def test_legacy_delayed_task_is_promoted_and_runs(
+async def test_old_delayed_task_is_promoted_and_runs(
     queue: Queue, r: Redis, settings: Settings
 ) -> None:
     seen: list[dict[str, Any]] = []
@@ -297,18 +364,9 @@ async def test_legacy_delayed_task_is_promoted_and_runs(
         seen.append(payload)
 
     task = await queue.submit("wt_record", PAYLOAD, delay_seconds=60)
-    await to_legacy(r, task.task_id)
+    await to_old_layout(r, task.task_id)
     await r.zadd(keys.RETRY_SCHEDULE, {task.task_id: 0})  # due now
     async with running_worker(fast(settings), handlers(wt_record=record)):
         await wait_status(r, task.task_id, "succeeded")
     assert seen == [PAYLOAD]
-
-
-async def test_legacy_task_cancels_and_expires(queue: Queue, r: Redis) -> None:
-    """Cancel and mark_expired of a legacy task, whose payload key does not exist."""
-    a = await queue.submit("echo_task", PAYLOAD)
-    b = await queue.submit("echo_task", PAYLOAD)
-    for t in (a, b):
-        await to_legacy(r, t.task_id)
-    assert (await queue.cancel(a.task_id)).payload == PAYLOAD
-    assert (await queue.mark_expired(b.task_id)).payload == PAYLOAD
+    await assert_payload_in_hash(r, task.task_id, settings)

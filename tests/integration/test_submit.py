@@ -170,11 +170,11 @@ async def test_a_task_due_after_its_retention_keeps_its_keys_until_then(
     queue: Queue, r: Redis, settings: Settings
 ) -> None:
     """Retention is never a deadline for waiting work (DESIGN 11): scheduled 30 days out with 7
-    days of retention, its hash, payload and history have no TTL at all."""
+    days of retention, its hash (payload included) and history have no TTL at all."""
     days = 86_400
     task = await queue.submit("echo_task", {"x": 1}, delay_seconds=30 * days)
     assert 30 * days > settings.task_retention_s
-    for key in (keys.task(task.task_id), keys.payload(task.task_id), keys.history(task.task_id)):
+    for key in (keys.task(task.task_id), keys.history(task.task_id)):
         assert await r.ttl(key) == -1, key
 
 

@@ -27,12 +27,12 @@ local function iso(ms)
     math.floor(sod / 3600), math.floor(sod % 3600 / 60), sod % 60, ms % 1000)
 end
 
--- Lifetimes (DESIGN 11, docs/redis-schema.md "Lifetimes"): a task's hash, history and payload
--- key have no TTL while the task is PENDING, QUEUED, RETRYING or RUNNING, whatever its age:
--- retention is never a deadline for waiting or running work. The script that makes a task
--- terminal gives all three the retention (`retain`, and `hist` with retention_s); a script that
--- leaves it non-terminal removes any TTL (`persist`, and `hist` with retention_s nil): a task
--- requeued from the DLQ had one, and so has a task an older dtq wrote.
+-- Lifetimes (DESIGN 11, docs/redis-schema.md "Lifetimes"): a task's hash and history have no
+-- TTL while the task is PENDING, QUEUED, RETRYING or RUNNING, whatever its age: retention is
+-- never a deadline for waiting or running work. The script that makes a task terminal gives
+-- both the retention (`retain`, and `hist` with retention_s); a script that leaves it
+-- non-terminal removes any TTL (`persist`, and `hist` with retention_s nil): a task requeued
+-- from the DLQ had one, and so has a task an older dtq wrote.
 
 -- Append already-encoded JSON entries (one or more, in order) to a task's history (DESIGN 7),
 -- capped at 100, and give the list the hash's lifetime: EXPIRE retention_s, or PERSIST when
@@ -113,26 +113,36 @@ local function audit(key, actor, request_id, action, task_id, queue, ts)
     'task_id', task_id or '', 'queue', queue or '', 'ts', ts, 'request_id', request_id or '')
 end
 
--- The task's payload key (dtq:task:<id>:payload) lives and dies with its hash (see Lifetimes
--- above). `retain` starts both retentions when the task reaches a terminal state, the payload
--- second, so that on Redis 6.2 (where each EXPIRE reads the clock) the payload never expires
--- before the hash. Readers outside a script read the payload key first: then a hash they find
--- always has its payload.
-local function retain(hash_key, payload_key, retention_s)
+-- The payload is the hash's `payload` field (contract section 2). The dtq before this one kept
+-- it in a string key of its own, dtq:task:<id>:payload, with the hash's lifetime; a task it
+-- wrote may still be stored (waiting tasks never expire now). `retain` and `persist` move such
+-- a key into its hash the first time a script gives the task a lifetime, so that the payload
+-- lives exactly as long as its hash; for any other task this costs one HEXISTS. Callers have
+-- read the hash's status first: the hash exists.
+local function own_payload(hash_key, old_payload_key)
+  if redis.call('HEXISTS', hash_key, 'payload') == 1 then return end
+  local v = redis.call('GET', old_payload_key)
+  if v then
+    redis.call('HSET', hash_key, 'payload', v)
+    redis.call('DEL', old_payload_key)
+  end
+end
+
+-- A task that reached a terminal state: its hash lives DTQ_TASK_RETENTION_S from now.
+local function retain(hash_key, old_payload_key, retention_s)
+  own_payload(hash_key, old_payload_key)
   redis.call('EXPIRE', hash_key, retention_s)
-  redis.call('EXPIRE', payload_key, retention_s)
 end
 
--- A task that is (again, or still) not terminal: its hash and payload keep no TTL.
-local function persist(hash_key, payload_key)
+-- A task that is (again, or still) not terminal: its hash keeps no TTL.
+local function persist(hash_key, old_payload_key)
+  own_payload(hash_key, old_payload_key)
   redis.call('PERSIST', hash_key)
-  redis.call('PERSIST', payload_key)
 end
 
--- The task's payload JSON: its own key, or the hash's `payload` field for a task submitted
--- before the payload had its own key (an upgrade with tasks in flight). '{}' when neither is
--- there, which dtq never leaves (both are removed only by expiry, and together); it is what a
--- read of such a task shows too.
-local function task_payload(hash_key, payload_key)
-  return redis.call('GET', payload_key) or redis.call('HGET', hash_key, 'payload') or '{}'
+-- The task's payload JSON, for the stream or dead-letter entry a script writes: the hash's
+-- field, or the old payload key of a task not moved yet (see own_payload). '{}' when neither
+-- is there, which dtq never leaves; it is what a read of such a task shows too.
+local function task_payload(hash_key, old_payload_key)
+  return redis.call('HGET', hash_key, 'payload') or redis.call('GET', old_payload_key) or '{}'
 end

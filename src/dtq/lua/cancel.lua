@@ -7,7 +7,8 @@
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:retry:schedule
 -- KEYS[4] = dtq:retry:claimed   KEYS[5] = dtq:expiry   KEYS[6] = dtq:stream:<queue>:p<N>
 -- KEYS[7] = dtq:cancelled   KEYS[8] = dtq:idempotency:<queue>:<key> (placeholder when none)
--- KEYS[9] = dtq:stream:audit   KEYS[10] = dtq:task:<id>:payload (its lifetime the hash's)
+-- KEYS[9] = dtq:stream:audit
+-- KEYS[10] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- ARGV[1] task_id  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] event_id  [6] reason (e.g. "cancel", "purge")
 -- ARGV[7] audit actor ("" = no audit entry)  [8] audit request_id or ""

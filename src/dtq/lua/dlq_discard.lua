@@ -4,7 +4,8 @@
 -- caller read (compare-and-set), and a history entry dead_lettered -> dead_lettered.
 --
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:stream:dead-letter
--- KEYS[4] = dtq:stream:audit   KEYS[5] = dtq:task:<id>:payload (its lifetime the hash's)
+-- KEYS[4] = dtq:stream:audit
+-- KEYS[5] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- ARGV[1] task_id  [2] metadata JSON read by the caller  [3] new metadata JSON
 -- ARGV[4] DLQ entry id found by scanning, "" (used when the hash has no dlq_entry_id)
 -- ARGV[5] task retention s  [6] audit actor ("" = no audit entry)  [7] audit request_id or ""

@@ -7,7 +7,8 @@
 -- (an empty DLQ still gets its audit entry).
 --
 -- KEYS[1] = dtq:stream:dead-letter   KEYS[2] = dtq:stream:audit
--- KEYS[3 + 3i .. 5 + 3i] = dtq:task:<id_i>, its :history, its :payload   (i = 0 .. n-1)
+-- KEYS[3 + 3i .. 5 + 3i] = dtq:task:<id_i>, its :history, its :payload (an older dtq's
+--   payload key: own_payload in _lib)   (i = 0 .. n-1)
 -- ARGV[1] audit actor ("" = no audit entry)  [2] audit request_id or ""  [3] task retention s
 -- ARGV[4 + 4i .. 7 + 4i] = entry id, task_id, metadata JSON read by the caller,
 --                          new metadata JSON ("" = leave the hash alone)

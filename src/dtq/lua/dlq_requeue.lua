@@ -7,12 +7,12 @@
 -- old one is still what the caller read (compare-and-set: Lua's cjson would turn [] into {}).
 -- The idempotency record goes back to processing (unless the key now belongs to another task);
 -- a deadline still ahead goes back into dtq:expiry, one already passed refuses the requeue.
--- Not terminal any more: the hash, history and payload lose their retention TTL (DESIGN 11).
+-- Not terminal any more: the hash and history lose their retention TTL (DESIGN 11).
 --
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:stream:dead-letter
 -- KEYS[4] = dtq:idempotency:<queue>:<key> (placeholder when none)   KEYS[5] = dtq:stream:audit
 -- KEYS[6] = dtq:expiry   KEYS[7..16] = dtq:stream:<queue>:p9 .. p0
--- KEYS[17] = dtq:task:<id>:payload (the new entry's payload; its lifetime the hash's)
+-- KEYS[17] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- ARGV[1] task_id  [2] metadata JSON read by the caller  [3] new metadata JSON
 -- ARGV[4] DLQ entry id found by scanning, "" (used when the hash has no dlq_entry_id)
 -- ARGV[5] task retention s (not read: a requeued task is not terminal, so it has no TTL)

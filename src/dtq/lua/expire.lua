@@ -5,7 +5,7 @@
 -- both steps). Index cleanup: schedule, claim and expiry members and the stream entry go (a
 -- delivered, not-started entry stays for its consumer to ACK).
 --
--- The sweep does not read the tasks first: it gives each task's hash, history and payload
+-- The sweep does not read the tasks first: it gives each task's hash, history and old payload
 -- keys only. A task that needs more keys (QUEUED: its stream entry goes; an idempotency key:
 -- its record says failed) is then left unchanged and named in the reply with what its keys
 -- are made of; the sweep calls again for it with all five keys. Delayed tasks, the usual
@@ -14,7 +14,8 @@
 -- KEYS[1] = dtq:retry:schedule   KEYS[2] = dtq:retry:claimed   KEYS[3] = dtq:expiry
 -- KEYS[4] = dtq:stream:audit
 -- then, per task in order, 3 or 5 keys (its ARGV says which): dtq:task:<id>,
---   dtq:task:<id>:history, dtq:task:<id>:payload (its lifetime the hash's)
+--   dtq:task:<id>:history, dtq:task:<id>:payload (an older dtq's payload key: own_payload in
+--   _lib)
 --   [, dtq:stream:<queue>:p<N>, dtq:idempotency:<queue>:<key> (placeholder when none)]
 -- ARGV[1] mode: "manual" (now, whatever expires_at says) | "sweep" (only if due)
 -- ARGV[2] task retention s  [3] idempotency TTL s  [4] events channel

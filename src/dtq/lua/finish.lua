@@ -19,15 +19,15 @@
 --               expiry score (a task without a deadline keeps none).
 --   cancelled   CANCELLED (the handler was stopped on a cancel request), idempotency failed.
 -- A retry or reschedule of a task whose cancel was requested meanwhile is CANCELLED instead.
--- Always: finished_at, duration_ms, worker_id, error_class, error_message, retryable; the hash,
--- history and payload get the retention (a terminal state) or no TTL (RETRYING; DESIGN 11);
--- history entry; event; XACK + XDEL.
+-- Always: finished_at, duration_ms, worker_id, error_class, error_message, retryable; the hash
+-- and history get the retention (a terminal state) or no TTL (RETRYING; DESIGN 11); history
+-- entry; event; XACK + XDEL.
 --
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = the entry's stream
 -- KEYS[4] = dtq:retry:schedule   KEYS[5] = dtq:expiry
 -- KEYS[6] = dtq:idempotency:<queue>:<key> (placeholder when none)
 -- KEYS[7] = dtq:stream:dead-letter   KEYS[8] = dtq:result:<id>   KEYS[9] = dtq:cancelled
--- KEYS[10] = dtq:task:<id>:payload (the dead-letter entry's payload; its lifetime the hash's)
+-- KEYS[10] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] attempt
 -- ARGV[6] outcome  [7] result JSON ("" if none)  [8] result too large "1"/"0"
 -- ARGV[9] error_class  [10] error_message (sanitized)  [11] retryable "1"/"0"

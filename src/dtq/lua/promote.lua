@@ -13,7 +13,7 @@
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = dtq:retry:schedule
 -- KEYS[4] = dtq:retry:claimed   KEYS[5] = dtq:expiry   KEYS[6] = dtq:stream:<queue>:p<N>
 -- KEYS[7] = dtq:idempotency:<queue>:<key> (placeholder when none)
--- KEYS[8] = dtq:task:<id>:payload (the entry's payload; its lifetime the hash's)
+-- KEYS[8] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- ARGV[1] task_id  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] event_id
 -- Returns {"queued", from, entry_id, attempt} | {"expired", from} | {"skip", why}

@@ -16,7 +16,7 @@
 -- KEYS[1] = dtq:retry:schedule   KEYS[2] = dtq:retry:claimed   KEYS[3] = dtq:expiry
 -- KEYS[4] = dtq:cancelled   KEYS[5] = dtq:stream:audit   KEYS[6..15] = dtq:stream:<queue>:p9..p0
 -- KEYS[16 + 4i .. 19 + 4i] = dtq:task:<id_i>, its :history, its idempotency record key,
---   its :payload
+--   its :payload (an older dtq's payload key: own_payload in _lib)
 -- ARGV[1] queue  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] audit actor ("" = no audit entry)  [6] audit request_id or ""
 -- ARGV[7 + 6i .. 12 + 6i] = task_id, stream entry id seen ("" for a schedule member), its

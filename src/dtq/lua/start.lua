@@ -24,8 +24,8 @@
 --   6. queued with expires_at_ms <= now (Redis TIME) -> EXPIRED, XACK + XDEL, expiry member
 --      removed, idempotency failed, TASK_EXPIRED                               {"expired"}
 --   7. otherwise RUNNING: attempt = hash attempt + 1, started_at, worker_id, expiry member
---      removed (a started task never expires), hash, history and payload without TTL however
---      long it runs (DESIGN 11), history, TASK_STARTED; the lease is renewed
+--      removed (a started task never expires), hash and history without TTL however long it
+--      runs (DESIGN 11), history, TASK_STARTED; the lease is renewed
 --      (XCLAIM IDLE 0 JUSTID), so it runs a full visibility timeout from started_ms.
 --      {"run", attempt, max_attempts, timeout_ms, expires_at_ms or "", created_ms, started_ms}
 --
@@ -33,7 +33,7 @@
 -- KEYS[4] = dtq:cancelled   KEYS[5] = dtq:expiry
 -- KEYS[6] = dtq:idempotency:<queue>:<key> (placeholder when none)
 -- KEYS[7] = dtq:stream:dead-letter
--- KEYS[8] = dtq:task:<id>:payload (the dead-letter entry's payload; its lifetime the hash's)
+-- KEYS[8] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] task retention s
 -- ARGV[6] idempotency TTL s  [7] events channel  [8] event_id  [9] DLQ enabled "1"/"0"
 -- ARGV[10] DLQ maxlen

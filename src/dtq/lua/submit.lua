@@ -1,7 +1,7 @@
 -- submit.lua: ingest a batch of tasks (1 to SUBMIT_CHUNK = 32) in one atomic call (DESIGN 3,
 -- contract sections 2, 5, 7). Each task is decided on its own, in order, exactly as if it were
--- alone: idempotency lookup, admission check, hash, payload key, history, recent index, expiry
--- index, then the stream entry (QUEUED) or the schedule member (PENDING, delayed), and the
+-- alone: idempotency lookup, admission check, hash (payload included), history, recent index,
+-- expiry index, then the stream entry (QUEUED) or the schedule member (PENDING, delayed), and the
 -- TASK_QUEUED event. A task whose deadline has already passed (ttl 0) is accepted and marked
 -- EXPIRED at once. One reply per task; a Redis error in one task (e.g. a key of the wrong type)
 -- is that task's reply, and the others go on (as separate script calls would).
@@ -10,9 +10,8 @@
 -- KEYS[4] = dtq:queues
 -- KEYS[5 + 10q .. 14 + 10q] = dtq:stream:<queue q>:p9 .. p0, for each queue q = 0 .. Q-1 of the
 --   batch
--- KEYS[T + 4i .. T + 3 + 4i], T = 5 + 10Q, for each task i = 0 .. n-1: dtq:task:<id>, its
---   :history, dtq:idempotency:<queue>:<key> (placeholder when no key), its :payload (the payload
---   JSON, with the hash's lifetime: docs/redis-schema.md)
+-- KEYS[T + 3i .. T + 2 + 3i], T = 5 + 10Q, for each task i = 0 .. n-1: dtq:task:<id>, its
+--   :history, dtq:idempotency:<queue>:<key> (placeholder when no key)
 -- ARGV[1] max queue depth  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] recent-index cap  [6] Q, the number of queues
 -- ARGV[7 + 15i .. 21 + 15i], for each task i: task_id, task_type, payload JSON, queue,
@@ -25,11 +24,12 @@
 -- by a microsecond each, in batch order.
 -- Cost (docs/performance.md): per batch, the EVALSHA, TIME and the ISO timestamp, the XLENs of
 -- each queue, one ZADD + ZREMRANGEBYRANK of the recent index and one SADD per queue; per task,
--- one HSET (the stream entry before it, so the hash is written once, and every value under 64
--- bytes: the hash stays compact), the payload SET, the history RPUSH, the XADD or ZADD and the
--- PUBLISH. A task that waits gets no TTL (DESIGN 11): its keys are new, so nothing to PERSIST. The history entry and the event are JSON strings built by concatenation,
--- which is safe because every value in them is a validated task type or queue name (no
--- character that JSON escapes), a hex id or a timestamp.
+-- one HSET (the stream entry before it, so the hash is written once; a payload or other value
+-- over 64 bytes takes the hash out of the compact encoding: docs/performance.md), the history
+-- RPUSH, the XADD or ZADD and the PUBLISH. A task that waits gets no TTL (DESIGN 11): its keys
+-- are new, so nothing to PERSIST. The history entry and the event are JSON strings built by
+-- concatenation, which is safe because every value in them is a validated task type or queue
+-- name (no character that JSON escapes), a hex id or a timestamp.
 -- Returns one reply per task, in order:
 --         {"new", status, entry_id or "", now_ms, due_ms, expires_at_ms or ""}
 --       | {"dup", state, task_id}
@@ -92,7 +92,7 @@ local function submit_one(a, k)
   local task_id, task_type, payload, queue = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local q, idem = tonumber(ARGV[a + 4]), ARGV[a + 5]
   local max_attempts, prio_s, timeout_ms, meta = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9]
-  local khash, khist, kidem, kpayload = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+  local khash, khist, kidem = KEYS[k], KEYS[k + 1], KEYS[k + 2]
 
   if idem ~= '' then
     local rec = call('GET', kidem)
@@ -145,18 +145,13 @@ local function submit_one(a, k)
     tail = {'entry_id', entry_id}
   end
   call('HSET', khash, 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
-    'created_at', ts, 'created_ms', now, 'available_at', avail, 'updated_at', ts,
-    'attempt', 0, 'max_attempts', max_attempts, 'priority', prio_s, 'timeout_ms', timeout_ms,
-    'status', status, 'queue', queue, 'metadata', meta, 'expires_at', exp_iso,
-    'expires_at_ms', exp_ms or '', unpack(tail))
+    'payload', payload, 'created_at', ts, 'created_ms', now, 'available_at', avail,
+    'updated_at', ts, 'attempt', 0, 'max_attempts', max_attempts, 'priority', prio_s,
+    'timeout_ms', timeout_ms, 'status', status, 'queue', queue, 'metadata', meta,
+    'expires_at', exp_iso, 'expires_at_ms', exp_ms or '', unpack(tail))
   -- Lifetimes (DESIGN 11, retain() in _lib): a task that waits has no TTL, however long it
-  -- waits; one expired at submit is terminal and gets the retention, the payload after the hash.
-  if expired then
-    call('EXPIRE', khash, retention)
-    call('SET', kpayload, payload, 'EX', retention)
-  else
-    call('SET', kpayload, payload)
-  end
+  -- waits; one expired at submit is terminal and gets the retention.
+  if expired then call('EXPIRE', khash, retention) end
   recent[#recent + 1] = (now_us + #recent / 2) / 1000
   recent[#recent + 1] = task_id
   if not listed[q] then
@@ -196,7 +191,7 @@ end
 
 local out = {}
 for i = 0, n - 1 do
-  local ok, reply = pcall(submit_one, 7 + 15 * i, first_task_key + 4 * i)
+  local ok, reply = pcall(submit_one, 7 + 15 * i, first_task_key + 3 * i)
   if not ok then
     -- A failed redis.call raises a table {err = message}; a Lua error, a string.
     if type(reply) == 'table' then reply = reply.err end
