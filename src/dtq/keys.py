@@ -25,6 +25,7 @@ __all__ = [
     "idempotency",
     "operation",
     "payload",
+    "queue_last_submit",
     "queue_paused",
     "queue_streams",
     "result",
@@ -102,3 +103,9 @@ def worker(worker_id: str) -> str:
 
 def queue_paused(queue: str) -> str:
     return f"dtq:queue:{queue}:paused"
+
+
+def queue_last_submit(queue: str) -> str:
+    """The Redis time (epoch ms) of the queue's last submit: written by submit.lua, read and
+    deleted by remove_queue.lua (docs/redis-schema.md, "Queue lifetime")."""
+    return f"dtq:queue:{queue}:last_submit"

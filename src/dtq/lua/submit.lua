@@ -13,6 +13,9 @@
 -- KEYS[T + 4i .. T + 3 + 4i], T = 5 + 10Q, for each task i = 0 .. n-1: dtq:task:<id>, its
 --   :history, dtq:idempotency:<queue>:<key> (placeholder when no key), its :payload (the payload
 --   JSON, with the hash's TTL: docs/redis-schema.md)
+-- KEYS[T + 4n + q], for each queue q = 0 .. Q-1 of the batch: dtq:queue:<queue q>:last_submit
+--   (the Redis time of the queue's last accepted submit, which remove_queue.lua reads; one SET
+--   per queue of the batch, beside its SADD)
 -- ARGV[1] max queue depth  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] recent-index cap  [6] Q, the number of queues
 -- ARGV[7 + 15i .. 21 + 15i], for each task i: task_id, task_type, payload JSON, queue,
@@ -159,6 +162,7 @@ local function submit_one(a, k)
   recent[#recent + 1] = task_id
   if not listed[q] then
     call('SADD', KEYS[4], queue)
+    call('SET', KEYS[first_task_key + 4 * n + q], now)
     listed[q] = true
   end
   -- The history list is new (a fresh task id) and holds at most two entries here: no LTRIM.
