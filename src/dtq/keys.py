@@ -49,7 +49,7 @@ RECENT = "dtq:tasks:recent"
 SCHEDULER_LOCK = "dtq:lock:scheduler"
 EXPIRY = "dtq:expiry"  # deliberate extension (DESIGN 6)
 EVENTS = "dtq:events"  # pub/sub channel, not a key
-QUEUES = "dtq:queues"  # deliberate extension: set of queue names ever submitted to
+QUEUES = "dtq:queues"  # deliberate extension: set of the queue names in use (DESIGN 11)
 
 
 def stream(queue: str, priority: int) -> str:

@@ -285,6 +285,30 @@ async def test_a_queue_a_live_worker_serves_is_kept(q: Queue, idle_settings: Set
     assert await gone(r, "served")
 
 
+async def test_a_change_between_check_and_removal_refuses(q: Queue) -> None:
+    """The removal needs the activity mark of its check: anything written to the queue's keys
+    in between refuses it, however long the leader took (here: old enough to pass the TTL)."""
+    r = q.store.redis
+    await q.submit("echo_task", queue="moving", ttl_seconds=0)
+    await r.set(keys.queue_last_submit("moving"), 1)  # an activity long past
+    [check] = await calls.remove_queue(q.store, [("moving", None)])
+    assert check.kind == "idle"
+    await r.set(keys.queue_last_submit("moving"), 2)  # still long past, but not the same
+    [refused] = await calls.remove_queue(q.store, [("moving", check.detail)])
+    assert refused == calls.RemoveQueueReply("busy", "changed")
+    await r.xadd(keys.stream("moving", 3), {"x": "1"}, id="5-0")  # an entry, long past
+    await r.xdel(keys.stream("moving", 3), "5-0")
+    [check] = await calls.remove_queue(q.store, [("moving", None)])
+    await r.xadd(keys.stream("moving", 3), {"x": "1"}, id="6-0")
+    await r.xdel(keys.stream("moving", 3), "6-0")
+    [refused] = await calls.remove_queue(q.store, [("moving", check.detail)])
+    assert refused == calls.RemoveQueueReply("busy", "changed")
+    [check] = await calls.remove_queue(q.store, [("moving", None)])
+    [removed] = await calls.remove_queue(q.store, [("moving", check.detail)])
+    assert removed == calls.RemoveQueueReply("removed")
+    assert await gone(r, "moving")
+
+
 # -- created again ------------------------------------------------------------------------------
 
 
@@ -306,14 +330,21 @@ async def test_a_submit_to_a_removed_queue_runs(q: Queue, idle_settings: Setting
     assert (await queue_keys(r, "revived"))["listed"]
 
 
+@pytest.mark.parametrize("concurrency", [4, 16])
 async def test_a_worker_that_meets_a_removed_queue_creates_it_again(
-    q: Queue, idle_settings: Settings
+    q: Queue, idle_settings: Settings, concurrency: int
 ) -> None:
     """Removed under a live worker (as if the leader had judged before the worker's first
-    heartbeat): its next read meets NOGROUP, creates the groups and goes on."""
+    heartbeat): its next read meets NOGROUP, creates the groups and goes on. With fewer slots
+    than streams an idle worker watches them with XREAD BLOCK; with more, it waits in
+    XREADGROUP BLOCK on them, which Redis 7.2 and Valkey end with an error when the stream is
+    deleted."""
     r = q.store.redis
     async with running_worker(
-        fast(idle_settings), handlers(echo_task=lambda p, c: p), queues=("orphaned",)
+        fast(idle_settings),
+        handlers(echo_task=lambda p, c: p),
+        queues=("orphaned",),
+        concurrency=concurrency,
     ):
         assert (await queue_keys(r, "orphaned"))["listed"]  # the worker listed its queue
         removed, _ = await remove_idle(q.store, set(), 0)  # no exclusion of served queues
