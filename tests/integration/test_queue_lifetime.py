@@ -33,7 +33,7 @@ from test_worker_support import (
 from dtq import Queue, calls, connect, keys
 from dtq.calls import Outcome
 from dtq.config import Settings
-from dtq.worker.idle_queues import clean_cancelled, remove_idle
+from dtq.worker.idle_queues import IdleQueues, clean_cancelled
 from dtq.worker.scheduler import Scheduler
 
 TTL_S = 1
@@ -347,8 +347,8 @@ async def test_a_worker_that_meets_a_removed_queue_creates_it_again(
         concurrency=concurrency,
     ):
         assert (await queue_keys(r, "orphaned"))["listed"]  # the worker listed its queue
-        removed, _ = await remove_idle(q.store, set(), 0)  # no exclusion of served queues
-        assert removed == ["orphaned"]
+        removed, done = await IdleQueues(q.store).step(set())  # not told what is served
+        assert (removed, done) == (["orphaned"], True)
 
         async def recreated() -> bool:
             return bool(await r.exists(*keys.queue_streams("orphaned")) == 10)

@@ -1,16 +1,18 @@
 """Queue names are not kept forever: idle queues are removed, and so are the ``dtq:cancelled``
 members no start script will ever need (DESIGN 11; docs/redis-schema.md, "Queue lifetime").
 
-The scheduler leader calls both every few seconds (:meth:`Scheduler._remove_idle_queues`).
+The scheduler leader runs both (``Scheduler._remove_idle_queues``): a step of the pass every
+tenth of the idle TTL (1 to 60 s), or at every tick while a pass is under way, and the
+cancelled-set cleanup at the end of each pass.
 
-- :func:`remove_idle` looks at one page of ``dtq:queues``. A queue that is not ``default`` and
-  that no live worker serves is checked by ``remove_queue.lua`` (its streams empty, nothing
-  pending, no submit and no entry added for ``DTQ_QUEUE_IDLE_TTL_S``); for those the check
-  finds idle, one pass over ``dtq:retry:schedule`` then ``dtq:retry:claimed`` (in that order: a
-  member moves from the schedule to the claimed set, and from there to its stream) finds the
-  queues of delayed, retrying and claimed tasks, which stay; the others are removed by the same
-  script, which checks everything again and refuses when the queue's activity mark has moved
-  since the check (so a task that joined the schedule after the pass was made is still seen).
+- :class:`IdleQueues` walks ``dtq:queues`` one page per step. A queue that is not ``default``
+  and that no live worker serves is checked by ``remove_queue.lua`` (its streams empty,
+  nothing pending, no submit and no entry added for ``DTQ_QUEUE_IDLE_TTL_S``); for those the
+  check finds idle, one pass over ``dtq:retry:schedule`` then ``dtq:retry:claimed`` (in that
+  order: a member moves from the schedule to the claimed set, and from there to its stream)
+  finds the queues of delayed, retrying and claimed tasks, which stay; the others are removed
+  by the same script, which checks everything again and refuses when the queue's activity
+  mark has moved since the check (so a task that joined the schedule after the scan is seen).
 - :func:`clean_cancelled` removes the members of ``dtq:cancelled`` whose task hash is gone or
   whose stream entry is: the member exists so that the start script of a delivered entry sees
   the cancel; an entry removed by other means (a purge of an orphan, a hand-made XDEL, a stream
@@ -20,43 +22,61 @@ The scheduler leader calls both every few seconds (:meth:`Scheduler._remove_idle
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Container, Sequence
 from typing import Any, cast
 
 from dtq import calls, keys
 from dtq.store import Store
 
-__all__ = ["DEFAULT_QUEUE", "PAGE", "clean_cancelled", "remove_idle"]
+__all__ = ["DEFAULT_QUEUE", "GATHER", "PAGE", "IdleQueues", "clean_cancelled"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE = "default"  # never removed
 PAGE = 500  # registry members (and schedule or cancelled members) looked at per round trip
+GATHER = 2_000  # idle queues gathered over the pages before one scan of the schedule
 
 
-async def remove_idle(store: Store, keep: Container[str], cursor: int) -> tuple[list[str], int]:
-    """Remove the idle queues of one page of ``dtq:queues`` (SSCAN from ``cursor``), except
-    ``default`` and those in ``keep`` (the queues live workers serve). Returns the queues
-    removed and the next cursor (0: the pass over the registry is complete)."""
-    next_cursor, names = await store.redis.sscan(keys.QUEUES, cursor, count=PAGE)
-    candidates = sorted({str(n) for n in names if n != DEFAULT_QUEUE and n not in keep})
-    idle: dict[str, str] = {}
-    for queue, reply in zip(
-        candidates, await calls.remove_queue(store, [(q, None) for q in candidates]), strict=True
-    ):
-        if isinstance(reply, Exception):
-            raise reply
-        if reply.kind == "idle":
-            idle[queue] = reply.detail
-    if not idle:
-        return [], int(next_cursor)
-    scheduled = await _scheduled_queues(store, set(idle))
-    todo = [(queue, mark) for queue, mark in idle.items() if queue not in scheduled]
-    removed: list[str] = []
-    for (queue, _), reply in zip(todo, await calls.remove_queue(store, todo), strict=True):
-        if isinstance(reply, Exception):
-            raise reply
-        if reply.kind == "removed":
-            removed.append(queue)
-    return removed, int(next_cursor)
+class IdleQueues:
+    """The leader's pass over ``dtq:queues``, one page per :meth:`step`.
+
+    Each step checks the queues of one page (``SSCAN``); those found idle wait, with their mark,
+    until the pass is complete or ``GATHER`` of them are, and then one scan of the schedule and
+    one round trip of removals handle them all. The mark keeps a removal exact however long its
+    queue waited since its check (remove_queue.lua's header)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.cursor = 0  # of the SSCAN; 0 once a pass is complete
+        self.idle: dict[str, str] = {}  # queue -> the mark of its check
+
+    async def step(self, keep: Container[str]) -> tuple[list[str], bool]:
+        """One page of the pass; ``keep``: the queues live workers serve (``default`` is never
+        removed). Returns the queues removed and whether the pass is complete."""
+        cursor, names = await self.store.redis.sscan(keys.QUEUES, self.cursor, count=PAGE)
+        self.cursor = int(cursor)
+        page = sorted({str(n) for n in names if n != DEFAULT_QUEUE and n not in keep})
+        for queue, reply in zip(
+            page, await calls.remove_queue(self.store, [(q, None) for q in page]), strict=True
+        ):
+            if isinstance(reply, Exception):  # that queue's keys are not dtq's (a wrong type)
+                log.error("idle check of queue %s failed: %s", queue, reply)
+            elif reply.kind == "idle":
+                self.idle[queue] = reply.detail
+        done = self.cursor == 0
+        if not self.idle or (not done and len(self.idle) < GATHER):
+            return [], done
+        idle, self.idle = self.idle, {}
+        scheduled = await _scheduled_queues(self.store, set(idle))
+        todo = [(q, mark) for q, mark in idle.items() if q not in scheduled and q not in keep]
+        removed: list[str] = []
+        for (queue, _), reply in zip(todo, await calls.remove_queue(self.store, todo), strict=True):
+            if isinstance(reply, Exception):
+                log.error("removal of idle queue %s failed: %s", queue, reply)
+            elif reply.kind == "removed":
+                removed.append(queue)
+        return removed, done
 
 
 async def _scheduled_queues(store: Store, wanted: set[str]) -> set[str]:

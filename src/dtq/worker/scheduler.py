@@ -55,7 +55,7 @@ from dtq.events import make_event
 from dtq.models import format_ts
 from dtq.store import Store
 from dtq.worker.consumers import drop_dead, heartbeat_ms, worker_alive, worker_states
-from dtq.worker.idle_queues import clean_cancelled, remove_idle
+from dtq.worker.idle_queues import IdleQueues, clean_cancelled
 from dtq.worker.outage import TRANSIENT, RedisOutage
 
 __all__ = [
@@ -139,7 +139,7 @@ class Scheduler:
         self._sweep_backlog = False  # the last sweep left due members for the next tick
         self._next_stale_check_ms = 0
         self._next_queue_check_ms = 0
-        self._queue_cursor = 0  # SSCAN cursor of the idle-queue pass over dtq:queues
+        self._idle_queues = IdleQueues(store)
         self._rng = random.Random()
 
     @property
@@ -377,13 +377,13 @@ class Scheduler:
             for (exists, beat), names in zip(states, queues_of, strict=True):
                 if worker_alive(exists, beat, now_ms, limit_ms):
                     served.update(q for q in (names or "").split(",") if q)
-        removed, self._queue_cursor = await remove_idle(self.store, served, self._queue_cursor)
+        removed, done = await self._idle_queues.step(served)
         if removed:
             log.info("removed %d idle queue(s): %s", len(removed), ", ".join(removed))
         every_ms = self.settings.queue_idle_ttl_s * 100  # a tenth of the idle TTL
         every_ms = max(QUEUE_CHECK_MIN_MS, min(QUEUE_CHECK_MAX_MS, every_ms))
-        self._next_queue_check_ms = now_ms if self._queue_cursor else now_ms + every_ms
-        if not self._queue_cursor:  # a full pass is done: the cancelled set too
+        self._next_queue_check_ms = now_ms + every_ms if done else now_ms
+        if done:  # a full pass over the registry: the cancelled set too
             cleaned = await clean_cancelled(self.store)
             if cleaned:
                 log.info("removed %d dtq:cancelled member(s) of entries gone", cleaned)
