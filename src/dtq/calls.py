@@ -220,18 +220,10 @@ def _submit_call(reqs: Sequence[SubmitRequest], ids: Sequence[str], s: Settings)
         )
     args[5] = len(queues)
     stream_keys = [k for queue in queues for k in _queue_streams(queue)]
-    marks = [keys.queue_last_submit(queue) for queue in queues]
+    task_keys += [keys.queue_last_submit(queue) for queue in queues]  # KEYS[T + 4n + q]
     return (
         "submit",
-        [
-            keys.RETRY_SCHEDULE,
-            keys.RECENT,
-            keys.EXPIRY,
-            keys.QUEUES,
-            *stream_keys,
-            *task_keys,
-            *marks,
-        ],
+        [keys.RETRY_SCHEDULE, keys.RECENT, keys.EXPIRY, keys.QUEUES, *stream_keys, *task_keys],
         args,
     )
 

@@ -23,9 +23,9 @@ sections 2, 4, 6) does any work. Each leader tick:
    and deletes the consumers of workers not alive that hold no pending entry
    (:func:`dtq.worker.consumers.drop_dead`), so consumer counts stay bounded;
 5. every ``QUEUE_CHECK_MIN_MS`` to ``QUEUE_CHECK_MAX_MS`` (a tenth of
-   ``DTQ_QUEUE_IDLE_TTL_S``), removes the idle queues of one page of ``dtq:queues`` that no
-   live worker serves, and the ``dtq:cancelled`` members no start will need
-   (:mod:`dtq.worker.idle_queues`); a registry larger than a page goes on at the next tick.
+   ``DTQ_QUEUE_IDLE_TTL_S``), walks ``dtq:queues`` a page per tick and removes the idle queues
+   that no live worker serves, then the ``dtq:cancelled`` members no start will need
+   (:mod:`dtq.worker.idle_queues`).
 
 A Redis call that fails because Redis is unavailable is reported to the worker's
 :class:`~dtq.worker.outage.RedisOutage` (rate-limited, shared by every loop of the process) and
