@@ -33,6 +33,7 @@ from test_worker_support import (
 from dtq import Queue, calls, connect, keys
 from dtq.calls import Outcome
 from dtq.config import Settings
+from dtq.worker.consumers import drop_own
 from dtq.worker.idle_queues import IdleQueues, clean_cancelled
 from dtq.worker.scheduler import Scheduler
 
@@ -359,6 +360,11 @@ async def test_a_worker_that_meets_a_removed_queue_creates_it_again(
             await asyncio.sleep(0.05)
         task = await q.submit("echo_task", queue="orphaned")
         await wait_status(r, task.task_id, "succeeded")
+
+
+async def test_a_worker_leaving_a_removed_queue_stops_cleanly(q: Queue) -> None:
+    """At graceful stop a worker deletes its consumers; streams already gone hold nothing."""
+    assert await drop_own(q.store, "leaver", ["never-there"]) == []
 
 
 # -- bounded ------------------------------------------------------------------------------------
