@@ -52,6 +52,7 @@ __all__ = [
     "QueuePurged",
     "ReadPlan",
     "ReadReply",
+    "RemoveQueueReply",
     "StartReply",
     "SubmitReply",
     "Where",
@@ -71,6 +72,7 @@ __all__ = [
     "promote_many",
     "purge_queue",
     "read",
+    "remove_queue",
     "set_paused",
     "start_many",
     "submit",
@@ -217,6 +219,7 @@ def _submit_call(reqs: Sequence[SubmitRequest], ids: Sequence[str], s: Settings)
         )
     args[5] = len(queues)
     stream_keys = [k for queue in queues for k in _queue_streams(queue)]
+    task_keys += [keys.queue_last_submit(queue) for queue in queues]  # KEYS[T + 3n + q]
     return (
         "submit",
         [keys.RETRY_SCHEDULE, keys.RECENT, keys.EXPIRY, keys.QUEUES, *stream_keys, *task_keys],
@@ -957,5 +960,45 @@ async def drop_consumers(
     ]
     return [
         r if isinstance(r, Exception) else [str(c) for c in r]
+        for r in await db.scripts.call_many(db.redis, calls)
+    ]
+
+
+# -- remove_queue.lua ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemoveQueueReply:
+    """remove_queue.lua's answer for one queue: ``kind`` idle (a check found its keys idle;
+    ``detail`` is the mark to remove it with), removed, or busy (``detail`` says why: default,
+    in_flight, waiting, recent, changed)."""
+
+    kind: Literal["idle", "removed", "busy"]
+    detail: str = ""
+
+
+async def remove_queue(
+    db: Backend, queues: Sequence[tuple[str, str | None]]
+) -> list[RemoveQueueReply | Exception]:
+    """remove_queue.lua for each (queue, mark) in one round trip: with no mark a check, else the
+    removal of that queue if it is still idle and its mark unchanged; the reply or the error of
+    each, in order. Idle means no activity for ``DTQ_QUEUE_IDLE_TTL_S``."""
+    ttl_ms = db.settings.queue_idle_ttl_s * 1000
+    calls: list[Call] = [
+        (
+            "remove_queue",
+            [keys.QUEUES, keys.queue_last_submit(queue), *keys.queue_streams(queue)],
+            [
+                queue,
+                ttl_ms,
+                keys.CONSUMER_GROUP,
+                "check" if mark is None else "remove",
+                *(() if mark is None else (mark,)),
+            ],
+        )
+        for queue, mark in queues
+    ]
+    return [
+        r if isinstance(r, Exception) else RemoveQueueReply(r[0], str(r[1]) if len(r) > 1 else "")
         for r in await db.scripts.call_many(db.redis, calls)
     ]

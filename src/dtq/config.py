@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     result_retention_s: PositiveInt = 3_600
     result_max_bytes: Annotated[int, Field(ge=0)] = 8_192
     idem_ttl_s: PositiveInt = 86_400
+    # A queue idle this long (no submit, nothing waiting, delayed, retrying or running) has its
+    # keys removed by the scheduler leader (docs/redis-schema.md, "Queue lifetime").
+    queue_idle_ttl_s: PositiveInt = 86_400
     drain_timeout_s: Annotated[float, Field(ge=0)] = 30
     dlq_enabled: bool = True
     dlq_maxlen: PositiveInt = 10_000

@@ -25,6 +25,7 @@ __all__ = [
     "idempotency",
     "operation",
     "payload",
+    "queue_last_submit",
     "queue_paused",
     "queue_streams",
     "result",
@@ -48,7 +49,7 @@ RECENT = "dtq:tasks:recent"
 SCHEDULER_LOCK = "dtq:lock:scheduler"
 EXPIRY = "dtq:expiry"  # deliberate extension (DESIGN 6)
 EVENTS = "dtq:events"  # pub/sub channel, not a key
-QUEUES = "dtq:queues"  # deliberate extension: set of queue names ever submitted to
+QUEUES = "dtq:queues"  # deliberate extension: set of the queue names in use (DESIGN 11)
 
 
 def stream(queue: str, priority: int) -> str:
@@ -103,3 +104,9 @@ def worker(worker_id: str) -> str:
 
 def queue_paused(queue: str) -> str:
     return f"dtq:queue:{queue}:paused"
+
+
+def queue_last_submit(queue: str) -> str:
+    """The Redis time (epoch ms) of the queue's last submit: written by submit.lua, read and
+    deleted by remove_queue.lua (docs/redis-schema.md, "Queue lifetime")."""
+    return f"dtq:queue:{queue}:last_submit"

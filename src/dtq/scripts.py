@@ -47,6 +47,7 @@ SCRIPT_NAMES = (
     "purge_queue",
     "lock",
     "drop_consumers",
+    "remove_queue",
 )
 
 Call = tuple[str, Sequence[str], Sequence[Any]]

@@ -245,10 +245,13 @@ class Store:
         return sorted(cast(set[str], await self.redis.smembers(keys.QUEUES)))
 
     async def ensure_groups(self, queue: str) -> None:
-        """Create the consumer group on all ten streams of ``queue`` (idempotent)."""
+        """Create the consumer group on all ten streams of ``queue`` (idempotent), and list the
+        queue in ``dtq:queues``: streams a worker created are found, and removed once idle, like
+        those of a submit (docs/redis-schema.md, "Queue lifetime")."""
         pipe = self.redis.pipeline(transaction=False)
         for key in keys.queue_streams(queue):
             pipe.xgroup_create(key, keys.CONSUMER_GROUP, id="0", mkstream=True)
+        pipe.sadd(keys.QUEUES, queue)
         for r in await pipe.execute(raise_on_error=False):
             if isinstance(r, ResponseError) and "BUSYGROUP" not in str(r):
                 raise r

@@ -41,9 +41,15 @@ BOUNDED: dict[str, str] = {
         "one member per expiring task not started yet, removed when it starts, ends or expires; "
         "the sweep drops members of gone or finished tasks"
     ),
-    re.escape(keys.QUEUES): "one member per queue name",
+    re.escape(keys.QUEUES): "one member per queue in use; idle queues are removed",
+    r"dtq:queue:[a-z0-9][a-z0-9_-]{0,63}:last_submit": (
+        "one per queue in dtq:queues, removed with the queue when it is idle"
+    ),
     re.escape(keys.WORKERS): "members removed once their heartbeat hash has expired",
-    re.escape(keys.CANCELLED): "members removed when their delivered entry is consumed",
+    re.escape(keys.CANCELLED): (
+        "members removed when their delivered entry is consumed, or by the leader once the "
+        "entry or the hash is gone"
+    ),
     r"dtq:queue:[a-z0-9][a-z0-9_-]{0,63}:paused": "one per paused queue, deleted at resume",
 }
 BOUNDED_RE = re.compile("|".join(f"(?:{p})" for p in BOUNDED) + r"\Z")

@@ -128,6 +128,8 @@ BAD_VALUES = [
     ("DTQ_RESULT_RETENTION_S", "0", "greater than 0"),
     ("DTQ_RESULT_MAX_BYTES", "-1", "greater than or equal to 0"),
     ("DTQ_IDEM_TTL_S", "0", "greater than 0"),
+    ("DTQ_QUEUE_IDLE_TTL_S", "0", "greater than 0"),
+    ("DTQ_QUEUE_IDLE_TTL_S", "a day", "valid integer"),
     ("DTQ_DRAIN_TIMEOUT_S", "-1", "greater than or equal to 0"),
     ("DTQ_DRAIN_TIMEOUT_S", "inf", "finite"),
     ("DTQ_DLQ_ENABLED", "maybe", "boolean"),
@@ -267,3 +269,7 @@ def test_load_settings_warns_about_a_misspelt_variable(
     with caplog.at_level("WARNING", logger="dtq.config"):
         load_settings()
     assert any("DTQ_VISIBILITY_TIMEOUT is not a dtq setting" in r.message for r in caplog.records)
+
+
+def test_queue_idle_ttl_default() -> None:
+    assert load_settings().queue_idle_ttl_s == 86_400  # a day (DESIGN 11)

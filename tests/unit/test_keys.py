@@ -33,6 +33,7 @@ def test_per_task_and_per_queue_names() -> None:
     assert keys.idempotency("emails", "order-42") == "dtq:idempotency:emails:order-42"
     assert keys.worker("worker-0a1b2c3d") == "dtq:worker:worker-0a1b2c3d"
     assert keys.queue_paused("emails") == "dtq:queue:emails:paused"
+    assert keys.queue_last_submit("emails") == "dtq:queue:emails:last_submit"
     assert keys.stream("emails", 7) == "dtq:stream:emails:p7"
 
 

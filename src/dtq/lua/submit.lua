@@ -12,6 +12,9 @@
 --   batch
 -- KEYS[T + 3i .. T + 2 + 3i], T = 5 + 10Q, for each task i = 0 .. n-1: dtq:task:<id>, its
 --   :history, dtq:idempotency:<queue>:<key> (placeholder when no key)
+-- KEYS[T + 3n + q], for each queue q = 0 .. Q-1 of the batch: dtq:queue:<queue q>:last_submit
+--   (the Redis time of the queue's last accepted submit, which remove_queue.lua reads; one SET
+--   per queue of the batch, beside its SADD)
 -- ARGV[1] max queue depth  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] recent-index cap  [6] Q, the number of queues
 -- ARGV[7 + 15i .. 21 + 15i], for each task i: task_id, task_type, payload JSON, queue,
@@ -156,6 +159,7 @@ local function submit_one(a, k)
   recent[#recent + 1] = task_id
   if not listed[q] then
     call('SADD', KEYS[4], queue)
+    call('SET', KEYS[first_task_key + 3 * n + q], now)
     listed[q] = true
   end
   -- The history list is new (a fresh task id) and holds at most two entries here: no LTRIM.

@@ -51,6 +51,8 @@ async def drop_own(store: Store, worker_id: str, queues: Sequence[str]) -> list[
         if reply:
             continue
         rows = held[stream]
+        if isinstance(rows, Exception) and "NOGROUP" in str(rows):
+            continue  # the stream is gone (an idle queue removed): it holds nothing
         if isinstance(rows, Exception):
             raise rows
         if rows:

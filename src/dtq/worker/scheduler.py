@@ -21,7 +21,11 @@ sections 2, 4, 6) does any work. Each leader tick:
    (never its own worker, and not until three heartbeat intervals after this process last
    lost Redis: every heartbeat is as old as the outage);
    and deletes the consumers of workers not alive that hold no pending entry
-   (:func:`dtq.worker.consumers.drop_dead`), so consumer counts stay bounded.
+   (:func:`dtq.worker.consumers.drop_dead`), so consumer counts stay bounded;
+5. every ``QUEUE_CHECK_MIN_MS`` to ``QUEUE_CHECK_MAX_MS`` (a tenth of
+   ``DTQ_QUEUE_IDLE_TTL_S``), walks ``dtq:queues`` a page per tick and removes the idle queues
+   that no live worker serves, then the ``dtq:cancelled`` members no start will need
+   (:mod:`dtq.worker.idle_queues`).
 
 A Redis call that fails because Redis is unavailable is reported to the worker's
 :class:`~dtq.worker.outage.RedisOutage` (rate-limited, shared by every loop of the process) and
@@ -51,6 +55,7 @@ from dtq.events import make_event
 from dtq.models import format_ts
 from dtq.store import Store
 from dtq.worker.consumers import drop_dead, heartbeat_ms, worker_alive, worker_states
+from dtq.worker.idle_queues import IdleQueues, clean_cancelled
 from dtq.worker.outage import TRANSIENT, RedisOutage
 
 __all__ = [
@@ -78,6 +83,8 @@ SWEEP_RATE = 5_000  # tasks/s
 STALE_HEARTBEATS = 3  # contract section 6: stale = last heartbeat older than 3 intervals
 STALE_CHECK_MIN_MS = 1_000
 STALE_CHECK_MAX_MS = 5_000
+QUEUE_CHECK_MIN_MS = 1_000
+QUEUE_CHECK_MAX_MS = 60_000
 RELEASE_TIMEOUT_S = 2.0
 JITTER = 0.2
 
@@ -131,6 +138,8 @@ class Scheduler:
         self._next_sweep_ms = 0
         self._sweep_backlog = False  # the last sweep left due members for the next tick
         self._next_stale_check_ms = 0
+        self._next_queue_check_ms = 0
+        self._idle_queues = IdleQueues(store)
         self._rng = random.Random()
 
     @property
@@ -349,6 +358,35 @@ class Scheduler:
             self._next_stale_check_ms = now_ms + self._stale_check_ms()
             await self._stale_workers(now_ms, result)
             await self._phase(result, "consumers", self._drop_consumers(now_ms))
+        if now_ms >= self._next_queue_check_ms and settled:
+            await self._phase(result, "queues", self._remove_idle_queues(now_ms))
+
+    async def _remove_idle_queues(self, now_ms: int) -> None:
+        """One page of the idle-queue pass (:mod:`dtq.worker.idle_queues`); the queues of live
+        workers (their hash's ``queues``) stay whatever their state."""
+        redis = self.store.redis
+        members = sorted(cast(set[str], await redis.smembers(keys.WORKERS)))
+        served: set[str] = set()
+        if members:
+            pipe = redis.pipeline(transaction=False)
+            for wid in members:
+                pipe.hget(keys.worker(wid), "queues")
+            queues_of = await pipe.execute()
+            states = await worker_states(self.store, members)
+            limit_ms = self._stale_limit_ms()
+            for (exists, beat), names in zip(states, queues_of, strict=True):
+                if worker_alive(exists, beat, now_ms, limit_ms):
+                    served.update(q for q in (names or "").split(",") if q)
+        removed, done = await self._idle_queues.step(served)
+        if removed:
+            log.info("removed %d idle queue(s): %s", len(removed), ", ".join(removed))
+        every_ms = self.settings.queue_idle_ttl_s * 100  # a tenth of the idle TTL
+        every_ms = max(QUEUE_CHECK_MIN_MS, min(QUEUE_CHECK_MAX_MS, every_ms))
+        self._next_queue_check_ms = now_ms + every_ms if done else now_ms
+        if done:  # a full pass over the registry: the cancelled set too
+            cleaned = await clean_cancelled(self.store)
+            if cleaned:
+                log.info("removed %d dtq:cancelled member(s) of entries gone", cleaned)
 
     def _transient(self, result: TickResult, phase: str, exc: BaseException) -> None:
         self.outage.failed(f"scheduler {phase}", exc)  # tried again at the next tick
