@@ -17,8 +17,9 @@ from dtq.config import Settings
 from dtq.models import Task
 from dtq.scripts import Scripts
 from dtq.store import Store
+from dtq.views import STALE_HEARTBEATS
 from dtq.worker.outage import RedisOutage
-from dtq.worker.scheduler import CLAIM_BATCH, STALE_HEARTBEATS, Scheduler
+from dtq.worker.scheduler import CLAIM_BATCH, Scheduler
 
 WORKER_A = "worker-aaaaaaaa"
 WORKER_B = "worker-bbbbbbbb"

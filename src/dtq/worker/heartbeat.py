@@ -36,6 +36,7 @@ from dtq.config import Settings
 from dtq.events import make_event
 from dtq.models import format_ts
 from dtq.scripts import Scripts
+from dtq.views import stale_after_ms
 from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq.worker.protocol import touch_args
 
@@ -84,7 +85,6 @@ class Heartbeat:
         self._last_ok = time.monotonic()
         self._at_risk_logged = False
         self.status = "starting"
-        self.beats = 0
 
     # -- control (event loop side) --------------------------------------------------------------
 
@@ -96,7 +96,7 @@ class Heartbeat:
             socket_connect_timeout=5,
             socket_timeout=max(2.0, self.settings.heartbeat_interval_s),
         )
-        self._sync_clock()
+        self.clock.sync_blocking(self._redis)
         self._started_ms = self.clock.now_ms()
         self.beat()
         self._thread = threading.Thread(
@@ -151,10 +151,11 @@ class Heartbeat:
 
     def beat(self) -> None:
         """One heartbeat; failures are logged, never raised (the next beat tries again)."""
+        assert self._redis is not None
         try:
             self._touch()
             self._write_hash()
-            self._sync_clock()
+            self.clock.sync_blocking(self._redis)
         except TRANSIENT as exc:
             self._outage.failed("heartbeat", exc)
             self._check_at_risk()
@@ -164,7 +165,6 @@ class Heartbeat:
             self._check_at_risk()
             return
         self._outage.ok("heartbeat")
-        self.beats += 1
         self._last_ok = time.monotonic()
         self._at_risk_logged = False
 
@@ -202,7 +202,8 @@ class Heartbeat:
             "status": self._reported_status(stats),
             **{k: int(v) for k, v in stats.items()},
         }
-        ttl_ms = max(1, round(3 * self.settings.heartbeat_interval_s * 1000))
+        # The hash goes when its worker is stale (dtq.views: three intervals without a beat).
+        ttl_ms = max(1, stale_after_ms(self.settings.heartbeat_interval_s))
         pipe = self._redis.pipeline(transaction=False)
         pipe.hset(keys.worker(self.worker_id), mapping=fields)  # type: ignore[arg-type]
         pipe.pexpire(keys.worker(self.worker_id), ttl_ms)
@@ -214,13 +215,6 @@ class Heartbeat:
         if self.status == "running":
             return "busy" if int(stats.get("active_tasks", 0)) > 0 else "ready"
         return self.status
-
-    def _sync_clock(self) -> None:
-        assert self._redis is not None
-        before = time.time() * 1000
-        sec, usec = self._redis.time()
-        after = time.time() * 1000
-        self.clock.offset_ms = int(sec) * 1000 + int(usec) // 1000 - (before + after) / 2
 
     def _check_at_risk(self) -> None:
         silent_s = time.monotonic() - self._last_ok

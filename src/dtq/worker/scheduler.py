@@ -50,7 +50,8 @@ from dtq.events import make_event
 from dtq.models import format_ts
 from dtq.scripts import Call
 from dtq.store import Store, new_id
-from dtq.worker.consumers import drop_dead, heartbeat_ms, worker_alive, worker_states
+from dtq.views import stale_after_ms, worker_liveness
+from dtq.worker.consumers import drop_dead, worker_states
 from dtq.worker.outage import TRANSIENT, RedisOutage
 
 __all__ = [
@@ -75,7 +76,6 @@ SWEEP_BATCH = admin.SWEEP_BATCH
 # issue 8 asks for 100,000 within 30 s (this takes 20 s) without raising the latency of the
 # tasks the worker starts meanwhile (measured in docs/performance.md, "Expiration").
 SWEEP_RATE = 5_000  # tasks/s
-STALE_HEARTBEATS = 3  # contract section 6: stale = last heartbeat older than 3 intervals
 STALE_CHECK_MIN_MS = 1_000
 STALE_CHECK_MAX_MS = 5_000
 RELEASE_TIMEOUT_S = 2.0
@@ -305,7 +305,7 @@ class Scheduler:
         return max(STALE_CHECK_MIN_MS, min(STALE_CHECK_MAX_MS, beat_ms))
 
     def _stale_limit_ms(self) -> int:
-        return round(STALE_HEARTBEATS * self.settings.heartbeat_interval_s * 1000)
+        return stale_after_ms(self.settings.heartbeat_interval_s)
 
     async def _stale_workers(self, now_ms: int, result: TickResult) -> None:
         redis = self.store.redis
@@ -315,17 +315,17 @@ class Scheduler:
             return
         states = await worker_states(self.store, members)
         limit_ms = self._stale_limit_ms()
-        for wid, (exists, beat) in zip(members, states, strict=True):
-            if worker_alive(exists, beat, now_ms, limit_ms):
-                continue  # alive (or starting: no heartbeat written yet, its hash TTL runs)
+        for wid, h in zip(members, states, strict=True):
+            live = worker_liveness(h, now_ms, limit_ms)
+            if not live.stale:
+                continue  # alive, starting (no heartbeat yet: its hash TTL runs) or stopped
             # SREM first: of two schedulers that both saw it, only one publishes.
             if await redis.srem(keys.WORKERS, wid) != 1:
                 continue
-            beat_ms = heartbeat_ms(beat)
-            meta: dict[str, Any] = {"reason": "heartbeat_old" if exists else "hash_gone"}
-            if beat_ms is not None:
-                meta["last_heartbeat"] = format_ts(beat_ms)
-                meta["heartbeat_age_ms"] = now_ms - beat_ms
+            meta: dict[str, Any] = {"reason": "heartbeat_old" if h else "hash_gone"}
+            if live.beat_ms is not None:
+                meta["last_heartbeat"] = format_ts(live.beat_ms)
+                meta["heartbeat_age_ms"] = live.age_ms
             await redis.publish(
                 keys.EVENTS,
                 make_event("WORKER_STALE", worker_id=wid, metadata=meta, ts_ms=now_ms),
