@@ -134,6 +134,7 @@ async def test_retrying_task_promoted_as_retry_with_next_attempt(
         result = await scheduler.tick()
         await events.wait_for("TASK_RETRIED", task.task_id)
     assert result.leader and result.retried == [task.task_id] and result.promoted == []
+    assert result.labels == {task.task_id: ("default", "flaky_task")}  # for the metrics
     assert events.of("TASK_QUEUED", task.task_id) == []
     retried = events.of("TASK_RETRIED", task.task_id)[0]
     assert retried.attempt == 1 and retried.metadata["next_attempt"] == 2

@@ -22,9 +22,9 @@ from dtq.log import bind as bind_log_fields
 from dtq.scripts import Scripts
 from dtq.worker.executor import Execution, Finisher, ThreadRunner, run_handler
 from dtq.worker.intake import Capacity
-from dtq.worker.observer import WorkerObserver
+from dtq.worker.observer import TaskFinished, TaskSkipped, TaskStarted, WorkerObserver
 from dtq.worker.outage import TRANSIENT
-from dtq.worker.protocol import Entry, StartReply, finish_call, start_call, touch_args
+from dtq.worker.protocol import Entry, Outcome, StartReply, finish_call, start_call, touch_args
 from dtq_tasks import Handler
 
 __all__ = ["Dispatcher"]
@@ -112,16 +112,32 @@ class Dispatcher:
         )
         if start.kind == "dead":
             self.tasks_failed += 1
-        for obs in self.observers:
-            obs.task_skipped(entry, start)
+        if self.observers:
+            event = TaskSkipped(
+                entry.task_id,
+                entry.queue,
+                entry.task_type,
+                start.kind,
+                start.detail,
+                _completed_by_start(start),
+            )
+            for obs in self.observers:
+                obs.task_skipped(event)
 
     def _launch(self, entry: Entry, start: StartReply) -> None:
         ex = Execution(
             entry, start, on_release=self.capacity.release, lease_check=self._lease_check
         )
         self.inflight[entry.entry_id] = ex
-        for obs in self.observers:
-            obs.task_started(entry, start)
+        if self.observers:
+            wait_ms = None
+            if start.attempt == 1 and start.created_ms is not None:
+                wait_ms = start.started_ms - start.created_ms
+            event = TaskStarted(
+                entry.task_id, entry.queue, entry.task_type, start.attempt, wait_ms, entry.payload
+            )
+            for obs in self.observers:
+                obs.task_started(event)
         task = asyncio.create_task(self._execute(ex), name=f"task-{entry.task_id}")
         self.executions.add(task)
         task.add_done_callback(self.executions.discard)
@@ -154,8 +170,10 @@ class Dispatcher:
             call = finish_call(entry, ex.attempt, outcome, self.worker_id, self.settings)
             reply = await asyncio.shield(self.finisher.submit(call))
             status = self._finished(ex, outcome.kind, reply)
-            for obs in self.observers:
-                obs.task_finished(ex, status, outcome.duration_ms, outcome)
+            if self.observers:
+                finished = _finished_event(ex, status, outcome)
+                for obs in self.observers:
+                    obs.task_finished(finished)
         except Exception:  # a bug here must not kill the worker; the entry stays pending
             log.exception(
                 "task %s attempt %d: execution failed inside the worker; the entry is left "
@@ -264,3 +282,48 @@ class Dispatcher:
     def snapshot(self) -> list[tuple[str, str]]:
         """(stream, entry id) of every execution in flight (the heartbeat's touch)."""
         return [(ex.entry.stream, ex.entry.entry_id) for ex in list(self.inflight.values())]
+
+
+def _completed_by_start(start: StartReply) -> str | None:
+    """The terminal status a start that did not run its entry recorded, if it recorded one."""
+    if start.kind == "expired":
+        return "expired"
+    if start.kind == "dead" and start.detail in ("failed", "dead_lettered"):
+        return start.detail
+    if start.kind == "cancelled" and start.detail:  # cancelled by this start, not before
+        return "cancelled"
+    return None
+
+
+def attempt_result(ex: Execution, outcome: Outcome) -> str:
+    """success | failure | timeout | error (:mod:`dtq.worker.observer`)."""
+    if outcome.kind == "success":
+        return "success"
+    if outcome.kind == "reschedule":
+        return "failure"
+    if outcome.kind == "cancelled":
+        return "error"
+    if ex.handler_task is None or outcome.error_class == "ResultNotSerializable":
+        return "error"
+    if outcome.error_class == "TimeoutError":
+        return "timeout"
+    return "failure"
+
+
+def _finished_event(ex: Execution, status: str, outcome: Outcome) -> TaskFinished:
+    entry, start = ex.entry, ex.start
+    latency_ms = None
+    if start.created_ms is not None:
+        latency_ms = start.started_ms - start.created_ms + outcome.duration_ms
+    return TaskFinished(
+        entry.task_id,
+        entry.queue,
+        entry.task_type,
+        start.attempt,
+        status,
+        attempt_result(ex, outcome),
+        outcome.duration_ms,
+        outcome.duration_ms if ex.handler_task is not None else None,
+        latency_ms,
+        outcome.delay_ms if status == "retrying" else 0,
+    )

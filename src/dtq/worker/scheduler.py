@@ -15,7 +15,8 @@ sections 2, 4, 6) does any work. Each leader tick:
    batches, leaving Redis and the event loop to the worker's other loops) for at most
    ``PHASE_BUDGET_S``; a sweep the budget cut short goes on at the next tick, which then starts
    at once instead of after ``scheduler_interval_s``. ``on_tick`` gets each batch's result as
-   soon as it is done (the labels of the swept tasks included, from the script's replies);
+   soon as it is done, with the (queue, task_type) of every task it retried or expired (the
+   sweep's from its script's replies, the promoted ones' read with their keys);
 4. every few seconds, removes from ``dtq:workers`` each worker whose heartbeat is older than
    three heartbeat intervals (or whose hash is gone) and publishes WORKER_STALE for it, once
    (never its own worker, and not until three heartbeat intervals after this process last
@@ -39,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -96,8 +97,7 @@ class TickResult:
     swept: bool = False
     stale_workers: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # the phases that failed
-    # (queue, task_type) of the tasks above whose labels the scripts returned (the sweep's);
-    # an observer reads the others' from their hashes.
+    # (queue, task_type) of every task in ``retried`` and ``expired``
     labels: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def add(self, part: TickResult) -> None:
@@ -115,10 +115,10 @@ class Scheduler:
         store: Store,
         settings: Settings,
         worker_id: str,
-        on_tick: Callable[[TickResult], Awaitable[None]] | None = None,
+        on_tick: Callable[[TickResult], None] | None = None,
         outage: RedisOutage | None = None,
     ) -> None:
-        """``on_tick``: awaited for each batch of a leader tick that retried or expired tasks
+        """``on_tick``: called for each batch of a leader tick that retried or expired tasks
         (metrics), with that batch's part of the tick;
         ``outage``: the process's reporter of Redis failures (by default one of its own)."""
         self.store = store
@@ -224,17 +224,19 @@ class Scheduler:
                 await self._promote(list(ids), part)
             finally:
                 result.add(part)
-            await self._report(result, part)
+            self._report(result, part)
             if len(ids) < CLAIM_BATCH or loop.time() >= deadline:
                 return
 
     async def _promote(self, ids: Sequence[str], result: TickResult) -> None:
         calls: list[Call] = []
         gone: list[str] = []
-        for tid, where in zip(ids, await admin.task_keys(self.store, ids), strict=True):
-            if where is None:
+        labels: dict[str, tuple[str, str]] = {}
+        for tid, found in zip(ids, await self._promote_keys(ids), strict=True):
+            if found is None:
                 gone.append(tid)
             else:
+                where, labels[tid] = found
                 calls.append(self._promote_call(tid, where))
         if gone:  # the hash expired or was deleted: nothing to promote, drop the claim
             await self.store.redis.zrem(keys.RETRY_CLAIMED, *gone)
@@ -249,6 +251,22 @@ class Scheduler:
                 result.errors.append(f"promote:{tid}")
                 continue
             self._record(tid, reply, result)
+        for tid in (*result.retried, *result.expired):
+            result.labels[tid] = labels[tid]
+
+    async def _promote_keys(
+        self, ids: Sequence[str]
+    ) -> Iterator[tuple[tuple[str, int, str], tuple[str, str]] | None]:
+        """What each claimed task's promote needs, (queue, priority, idempotency key), and its
+        labels (queue, task_type) for the tick's result: one pipeline; None where the hash is
+        gone."""
+        pipe = self.store.redis.pipeline(transaction=False)
+        for tid in ids:
+            pipe.hmget(keys.task(tid), "queue", "priority", "idempotency_key", "task_type")
+        return (
+            None if q is None else ((q, int(p), k or ""), (q, t or ""))
+            for q, p, k, t in await pipe.execute()
+        )
 
     def _promote_call(self, task_id: str, where: tuple[str, int, str]) -> Call:
         queue, priority, idem = where
@@ -291,7 +309,7 @@ class Scheduler:
             swept = await admin.sweep_due(self.store, now_ms, SWEEP_BATCH)
             part = TickResult(leader=True, expired=list(swept.expired), labels=swept.expired)
             result.add(part)
-            await self._report(result, part)
+            self._report(result, part)
             if swept.due < SWEEP_BATCH:
                 return False
             looked_at += swept.due
@@ -348,12 +366,17 @@ class Scheduler:
             ", ".join(f"{name} ({n} stream(s))" for name, n in sorted(per_worker.items())),
         )
 
-    async def _report(self, result: TickResult, part: TickResult) -> None:
+    def _report(self, result: TickResult, part: TickResult) -> None:
         """``on_tick`` for one batch's retries and expirations, as soon as it is done: an
         observer then handles at most a batch at a time (a tick can expire thousands of tasks,
         and whatever the observer does per task would hold the event loop that long)."""
-        if self.on_tick is not None and (part.retried or part.expired):
-            await self._phase(result, "on_tick", self.on_tick(part))
+        if self.on_tick is None or not (part.retried or part.expired):
+            return
+        try:
+            self.on_tick(part)
+        except Exception:  # an observer's bug must not stop the tick
+            log.exception("scheduler on_tick failed")
+            result.errors.append("on_tick")
 
     async def _phase(self, result: TickResult, name: str, work: Awaitable[None]) -> None:
         """Run one phase; its failure is logged and does not stop the phases after it."""

@@ -47,7 +47,7 @@ from dtq.worker.dispatch import Dispatcher
 from dtq.worker.executor import Finisher, ThreadRunner
 from dtq.worker.heartbeat import Heartbeat
 from dtq.worker.intake import BLOCK_MS, READ_BATCH, Capacity, Intake
-from dtq.worker.observer import WorkerObserver
+from dtq.worker.observer import SchedulerBatch, WorkerObserver
 from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq.worker.scheduler import Scheduler, TickResult
 from dtq_tasks import Handler, registry
@@ -397,9 +397,16 @@ class Worker:
         with contextlib.suppress(RuntimeError):  # the loop is closing: nothing to stop
             loop.call_soon_threadsafe(self.dispatch.on_lost, entry_ids)
 
-    async def _scheduler_ticked(self, result: TickResult) -> None:
+    def _scheduler_ticked(self, part: TickResult) -> None:
+        if not self.observers:
+            return
+        labels = part.labels
+        event = SchedulerBatch(
+            retried=tuple(labels[t] for t in part.retried if t in labels),
+            expired=tuple(labels[t] for t in part.expired if t in labels),
+        )
         for obs in self.observers:
-            await obs.scheduler_ticked(result, self.redis)
+            obs.scheduler_batch(event)
 
     def _stats(self) -> dict[str, Any]:
         return {
