@@ -1,4 +1,5 @@
-"""``python -m dtq.worker``: its flags and exit codes (0 clean stop, 1 Redis, 2 bad input)."""
+"""``python -m dtq.worker`` (``dtq worker run``): its flags and exit codes (0 clean stop, 1 Redis,
+2 bad input)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_help_lists_the_flags(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "env", "needle"),
     [
-        (["--queue", "Bad Queue"], {}, "invalid queue name"),
+        (["--queue", "Bad Queue"], {}, "is not a queue name"),
         (["--tasks", "no_such_module_xyz"], {}, "cannot import task module 'no_such_module_xyz'"),
         (["--tasks", "json"], {}, "no task handlers registered"),
         ([], {"DTQ_VISIBILITY_TIMEOUT_S": "-3"}, "DTQ_VISIBILITY_TIMEOUT_S"),

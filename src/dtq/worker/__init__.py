@@ -1,5 +1,5 @@
-"""The dtq worker: ``run_worker`` (what ``dtq worker run`` and ``python -m dtq.worker`` call)
-and :class:`Worker`, the engine (see :mod:`dtq.worker.worker`)."""
+"""The dtq worker: ``run_worker`` (what ``dtq worker run`` calls, and ``python -m dtq.worker``
+through it) and :class:`Worker`, the engine (see :mod:`dtq.worker.worker`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from redis.exceptions import RedisError
 from dtq.config import Settings
 from dtq.errors import ConfigError
 from dtq.log import configure_logging, set_process_fields
-from dtq.models import QUEUE_RE
 from dtq.worker.supervisor import supervise
 from dtq.worker.telemetry import WorkerTelemetry
 from dtq.worker.worker import Worker, WorkerObserver, new_worker_id
@@ -51,13 +50,6 @@ def load_task_modules(modules: Sequence[str]) -> Mapping[str, Handler]:
     return handlers
 
 
-def _check_queues(queues: Sequence[str]) -> list[str]:
-    for q in queues:
-        if not QUEUE_RE.fullmatch(q):
-            raise ConfigError(f"invalid queue name {q!r}: must match {QUEUE_RE.pattern}")
-    return list(dict.fromkeys(queues))
-
-
 def _configure_logging(settings: Settings) -> None:
     configure_logging(settings, "worker")
 
@@ -72,17 +64,15 @@ def run_worker(
 ) -> int:
     """Run a worker (or ``processes`` supervised ones) until SIGTERM/SIGINT.
 
-    Exit code: 0 after a clean stop; 1 when Redis is unreachable or fails; 2 for invalid input
-    (queue name, concurrency, processes, a task module that cannot be imported).
+    The flags arrive parsed and checked by ``dtq worker run`` (:mod:`dtq_cli.parser`: queue
+    names, ``concurrency`` and ``processes`` at least 1). Exit code: 0 after a clean stop; 1
+    when Redis is unreachable or fails; 2 for a task module that cannot be imported, or no
+    metrics port for each process.
     """
     _configure_logging(settings)
     modules = task_modules if task_modules is not None else settings.task_module_list
+    served = list(dict.fromkeys(queues or ["default"]))
     try:
-        served = _check_queues(queues or ["default"])
-        if concurrency is not None and concurrency < 1:
-            raise ConfigError(f"--concurrency must be at least 1, not {concurrency}")
-        if processes < 1:
-            raise ConfigError(f"--processes must be at least 1, not {processes}")
         if settings.worker_metrics_port and settings.worker_metrics_port + processes - 1 > 65535:
             raise ConfigError(
                 f"DTQ_WORKER_METRICS_PORT={settings.worker_metrics_port} leaves no port for "
