@@ -61,7 +61,7 @@ class Dispatcher:
         self._rng = rng
         self.inflight: dict[str, Execution] = {}
         self.executions: set[asyncio.Task[None]] = set()
-        self.threads: ThreadRunner | None = None  # set when the worker runs (needs its loop)
+        self.threads = ThreadRunner(capacity.size)  # sync handlers: one thread per slot at most
         self.tasks_processed = 0
         self.tasks_failed = 0
         self.tasks_retried = 0
@@ -143,7 +143,6 @@ class Dispatcher:
         task.add_done_callback(self.executions.discard)
 
     async def _execute(self, ex: Execution) -> None:
-        assert self.threads is not None
         entry = ex.entry
         # This coroutine runs as its own asyncio task: the fields end with it.
         bind_log_fields(

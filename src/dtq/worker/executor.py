@@ -92,10 +92,10 @@ _Job = tuple[asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]]
 
 
 class ThreadRunner:
-    """A small pool of daemon threads bridged to asyncio futures (at most ``size`` threads)."""
+    """A small pool of daemon threads bridged to asyncio futures (at most ``size`` threads).
+    Each result goes back to the event loop its :meth:`submit` was called on."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, size: int) -> None:
-        self._loop = loop
+    def __init__(self, size: int) -> None:
         self._size = size
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -103,7 +103,7 @@ class ThreadRunner:
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = self._loop.create_future()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         with self._lock:
             self._busy += 1
             if self._busy > len(self._threads) and len(self._threads) < self._size:
@@ -143,7 +143,7 @@ class ThreadRunner:
 
         # RuntimeError: the loop has closed, the worker is gone and nobody waits for this.
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(settle)
+            fut.get_loop().call_soon_threadsafe(settle)
 
     def shutdown(self) -> None:
         """Let idle threads end; busy ones are daemons and end with the process."""
@@ -329,10 +329,6 @@ class Finisher:
         self._items.append((call, fut))
         self._wake.set()
         return fut
-
-    @property
-    def pending(self) -> int:
-        return len(self._items)
 
     def close(self) -> None:
         """Flush what is queued, then let :meth:`run` return."""

@@ -44,7 +44,7 @@ from dtq.store import Store
 from dtq.worker.connection import worker_redis
 from dtq.worker.consumers import drop_own
 from dtq.worker.dispatch import Dispatcher
-from dtq.worker.executor import Finisher, ThreadRunner
+from dtq.worker.executor import Finisher
 from dtq.worker.heartbeat import Heartbeat
 from dtq.worker.intake import BLOCK_MS, READ_BATCH, Capacity, Intake
 from dtq.worker.observer import SchedulerBatch, WorkerObserver
@@ -155,7 +155,6 @@ class Worker:
     async def run(self) -> None:
         """Run until :meth:`stop`; returns after the ordered shutdown."""
         loop = asyncio.get_running_loop()
-        self.dispatch.threads = threads = ThreadRunner(loop, self.concurrency)
         try:
             await self._prepare()
             self._heartbeat = Heartbeat(
@@ -179,7 +178,7 @@ class Worker:
             await self._serve()
         finally:
             await asyncio.to_thread(self._heartbeat.stop)
-            threads.shutdown()
+            self.dispatch.threads.shutdown()
             await self.redis.aclose()
             self.outage.flush()
             log.info(
