@@ -18,6 +18,8 @@ other Redis error is logged with its trace.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -50,8 +52,9 @@ AT_RISK_FRACTION = 0.8
 
 class Heartbeat:
     """The heartbeat thread of one worker. ``snapshot()`` returns the (stream, entry id) pairs
-    in flight and ``stats()`` the worker hash's changing fields; ``on_lost`` receives entry
-    ids this worker no longer owns (called on the heartbeat thread)."""
+    in flight and ``stats()`` the worker hash's changing fields (both called on the heartbeat
+    thread); ``on_lost`` receives entry ids this worker no longer owns, called on the event
+    loop given to :meth:`start`."""
 
     def __init__(
         self,
@@ -79,6 +82,7 @@ class Heartbeat:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._redis: redis.Redis | None = None
         self._rng = random.Random()
         self._started_ms = 0
@@ -88,8 +92,10 @@ class Heartbeat:
 
     # -- control (event loop side) --------------------------------------------------------------
 
-    def start(self) -> None:
-        """Connect, write the first beat (status starting) and start the thread."""
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Connect, write the first beat (status starting) and start the thread; lost leases
+        are told to ``on_lost`` on ``loop``."""
+        self._loop = loop
         self._redis = redis.Redis.from_url(
             self.settings.redis_url,
             decode_responses=True,
@@ -181,10 +187,11 @@ class Heartbeat:
             self._redis.script_load(self.scripts.source["touch"])
             lost_idx = self._redis.evalsha(sha, len(key_list), *key_list, *argv)
         lost = [owned[int(i) - 1][1] for i in lost_idx]
-        if lost:
+        if lost and self._loop is not None:
             # Most are entries finished between the snapshot and the touch; the worker keeps
             # (and logs) only those still running here.
-            self._on_lost(lost)
+            with contextlib.suppress(RuntimeError):  # the loop is closing: nothing to stop
+                self._loop.call_soon_threadsafe(self._on_lost, lost)
 
     def _write_hash(self) -> None:
         assert self._redis is not None

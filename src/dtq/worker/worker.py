@@ -108,7 +108,6 @@ class Worker:
         self._finisher = Finisher(
             self.store, retry_budget_s=settings.visibility_timeout_s / 2, outage=self.outage
         )
-        self._heartbeat: Heartbeat | None = None
         self._adopt = [a for a in adopt if a]
         self.dispatch = Dispatcher(
             worker_id=self.worker_id,
@@ -133,6 +132,18 @@ class Worker:
             self.inflight,
             self._stopping,
         )
+        self.heartbeat = Heartbeat(
+            settings,
+            self.scripts,
+            self.worker_id,
+            self.queues,
+            self.concurrency,
+            self.clock,
+            snapshot=self.dispatch.snapshot,
+            stats=self._stats,
+            on_lost=self.dispatch.on_lost,
+            outage=self.outage,
+        )
         self.started = asyncio.Event()  # the loops run
         self.prepared = asyncio.Event()  # connected, scripts and groups ready, heartbeating
 
@@ -154,22 +165,9 @@ class Worker:
 
     async def run(self) -> None:
         """Run until :meth:`stop`; returns after the ordered shutdown."""
-        loop = asyncio.get_running_loop()
         try:
             await self._prepare()
-            self._heartbeat = Heartbeat(
-                self.settings,
-                self.scripts,
-                self.worker_id,
-                self.queues,
-                self.concurrency,
-                self.clock,
-                snapshot=self.dispatch.snapshot,
-                stats=self._stats,
-                on_lost=lambda ids: self._lost_from_thread(loop, ids),
-                outage=self.outage,
-            )
-            await asyncio.to_thread(self._heartbeat.start)
+            await asyncio.to_thread(self.heartbeat.start, asyncio.get_running_loop())
             self.prepared.set()
         except BaseException:
             await self.redis.aclose()
@@ -177,7 +175,7 @@ class Worker:
         try:
             await self._serve()
         finally:
-            await asyncio.to_thread(self._heartbeat.stop)
+            await asyncio.to_thread(self.heartbeat.stop)
             self.dispatch.threads.shutdown()
             await self.redis.aclose()
             self.outage.flush()
@@ -190,7 +188,6 @@ class Worker:
             )
 
     async def _serve(self) -> None:
-        assert self._heartbeat is not None
         finisher = asyncio.create_task(self._finisher.run(), name="finisher")
         scheduler = asyncio.create_task(
             Scheduler(
@@ -210,8 +207,8 @@ class Worker:
         intake.append(asyncio.create_task(self._supervise("reaper", self._reap), name="reaper"))
         watcher = asyncio.create_task(self._supervise("cancel", self._cancel_loop))
         try:
-            self._heartbeat.set_status("running")
-            await asyncio.to_thread(self._heartbeat.publish_started)
+            self.heartbeat.set_status("running")
+            await asyncio.to_thread(self.heartbeat.publish_started)
             log.info(
                 "worker %s started: queues %s, concurrency %d, %d task type(s)",
                 self.worker_id,
@@ -263,9 +260,8 @@ class Worker:
     async def _drain(self, intake: Sequence[asyncio.Task[None]]) -> None:
         """Stop intake and scheduling, wait for in-flight work up to the drain timeout, then stop
         what is left without acknowledging it (a peer's reaper takes it over)."""
-        assert self._heartbeat is not None
         log.info("worker %s draining: %d task(s) in flight", self.worker_id, len(self.inflight))
-        self._heartbeat.set_status("draining")
+        self.heartbeat.set_status("draining")
         self._scheduler_stop.set()
         # The poll loops see the stop within one BLOCK; reads already made are still started.
         await asyncio.wait(intake, timeout=BLOCK_MS / 1000 + 1.0)
@@ -389,12 +385,6 @@ class Worker:
         while True:
             await asyncio.sleep(CANCEL_POLL_S * (1 + self._rng.uniform(-JITTER, JITTER)))
             await self.dispatch.check_cancellations()
-
-    # -- heartbeat callbacks (called on the heartbeat thread) ------------------------------------
-
-    def _lost_from_thread(self, loop: asyncio.AbstractEventLoop, entry_ids: list[str]) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closing: nothing to stop
-            loop.call_soon_threadsafe(self.dispatch.on_lost, entry_ids)
 
     def _scheduler_ticked(self, part: TickResult) -> None:
         if not self.observers:
