@@ -54,12 +54,13 @@ async def _wait_for(r: Redis, at_ms: int) -> None:
 
 async def _sweep(env: Env, n: int) -> list[Result]:
     """The scheduler's sweep as it ships (``tick()`` in a loop, resting 20 ms after a tick
-    that expired nothing), then the sweep's own cost: ``admin.sweep_expired`` back to back."""
-    from dtq.admin import sweep_expired
+    that expired nothing), then the sweep's own cost: the scheduler's batch
+    (``admin.sweep_due``) back to back."""
+    from dtq.admin import sweep_due
     from dtq.worker.scheduler import Scheduler
 
     out: list[Result] = []
-    for how in ("scheduler", "sweep_expired"):
+    for how in ("scheduler", "sweep_due"):
         # The sweep's own cost per task needs no 100,000: a fifth of them measures it.
         count = n if how == "scheduler" else max(n // 5, 100)
         await env.flush()
@@ -80,7 +81,7 @@ async def _sweep(env: Env, n: int) -> list[Result]:
                     if not (await sched.tick()).expired:
                         await asyncio.sleep(0.02)
                 else:
-                    await sweep_expired(q.store, await redis_now_ms(r), 100)
+                    await sweep_due(q.store, await redis_now_ms(r), 100)
             elapsed = time.perf_counter() - t
             cpu_s = time.process_time() - cpu_s
             redis_cpu_s = await _redis_cpu_s(r) - redis_cpu_s
@@ -109,7 +110,7 @@ async def _sweep(env: Env, n: int) -> list[Result]:
             out.append(Result(
                 "expiration.sweep_cost",
                 figure="rate", unit="tasks/s", values=values,
-                note=f"admin.sweep_expired(batch of 100) back to back, {calls:,} calls: what "
+                note=f"admin.sweep_due(batch of 100) back to back, {calls:,} calls: what "
                 "the sweep costs when nothing paces it; per task "
                 f"{values['redis_cpu_us_per_task']:.1f} us of Redis CPU, "
                 f"{values['client_cpu_us_per_task']:.1f} us of this process's",

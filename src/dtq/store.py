@@ -1,8 +1,9 @@
-"""Every task read and the submit write against Redis.
+"""Task reads and the submit path against Redis.
 
-State changes are Lua scripts (``dtq/lua``); this module builds their KEYS and ARGV, sends them
-(pipelined where there are several) and turns replies into models or dtq errors. Admin
-operations (cancel, expire, dead letters, pause, purge) are in :mod:`dtq.admin`.
+State changes are Lua scripts (``dtq/lua``) called through :mod:`dtq.calls`; this module
+batches submits, turns the submit replies into tasks or dtq errors, and reads tasks (hash,
+payload, result, history, the recent index). Admin operations (cancel, expire, dead letters,
+pause, purge) are in :mod:`dtq.admin`.
 """
 
 from __future__ import annotations
@@ -10,16 +11,16 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
-import os
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from dtq import keys
+from dtq import calls, keys
+from dtq.calls import RECENT_CAP, SUBMIT_CHUNK, SubmitReply, new_id
 from dtq.config import Settings
 from dtq.errors import (
     DtqError,
@@ -28,26 +29,15 @@ from dtq.errors import (
     TaskNotFoundError,
 )
 from dtq.models import HistoryEntry, SubmitRequest, Task, TaskStatus
-from dtq.scripts import Call, Scripts
+from dtq.scripts import Scripts
 
 __all__ = ["RECENT_CAP", "SUBMIT_CHUNK", "Store", "ms_to_dt", "new_id"]
 
-RECENT_CAP = 10_000
-SUBMIT_CHUNK = 32  # tasks per submit.lua call: ~0.4 ms of Redis, so no call runs long
 _LIST_CHUNK = 500
 
 
 def ms_to_dt(ms: int | float | str) -> datetime:
     return datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
-
-
-def new_id() -> str:
-    """A random UUID4 as 32 hex digits (what ``uuid.uuid4().hex`` gives, in a third of the time:
-    a submit makes two)."""
-    b = bytearray(os.urandom(16))
-    b[6] = (b[6] & 0x0F) | 0x40  # version 4
-    b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
-    return b.hex()
 
 
 @dataclass
@@ -58,10 +48,6 @@ class Store:
     scripts: Scripts
     settings: Settings
     known_types: Collection[str] | None = None
-    # The ten stream keys of each queue submitted to (a submit call passes all ten in KEYS).
-    _streams: dict[str, builtins.list[str]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
     # submit() calls waiting for the next batch, the batches being sent, and how many
     # submit batches are in flight.
     _pending: builtins.list[tuple[SubmitRequest, asyncio.Future[Task | DtqError]]] = field(
@@ -73,72 +59,6 @@ class Store:
     _in_flight: int = field(default=0, init=False, repr=False, compare=False)
 
     # -- submit ---------------------------------------------------------------------------------
-
-    def submit_calls(self, reqs: Sequence[SubmitRequest], ids: Sequence[str]) -> list[Call]:
-        """The ``submit.lua`` calls of a batch: one per ``SUBMIT_CHUNK`` tasks, in order."""
-        return [
-            self._submit_call(reqs[i : i + SUBMIT_CHUNK], ids[i : i + SUBMIT_CHUNK])
-            for i in range(0, len(reqs), SUBMIT_CHUNK)
-        ]
-
-    def _submit_call(self, reqs: Sequence[SubmitRequest], ids: Sequence[str]) -> Call:
-        s = self.settings
-        queues: dict[str, int] = {}
-        task_keys: builtins.list[str] = []
-        args: builtins.list[Any] = [
-            s.max_queue_depth,
-            s.task_retention_s,
-            s.idem_ttl_s,
-            keys.EVENTS,
-            RECENT_CAP,
-            0,  # the number of queues, below
-        ]
-        default_timeout = s.task_timeout_ms
-        for req, task_id in zip(reqs, ids, strict=True):
-            queue = req.queue
-            q = queues.get(queue)
-            if q is None:
-                q = queues[queue] = len(queues)
-            idem = req.idempotency_key
-            task_keys += (
-                keys.task(task_id),
-                keys.history(task_id),
-                keys.idempotency(queue, idem),
-                keys.payload(task_id),
-            )
-            ttl_ms = req.effective_ttl_ms()
-            exp_ms = req.expires_at_ms()
-            sched_ms = req.schedule_at_ms()
-            args += (
-                task_id,
-                req.task_type,
-                req.payload_json,
-                queue,
-                q,
-                idem or "",
-                req.max_attempts,
-                req.priority,
-                req.timeout_ms or default_timeout,
-                req.metadata_json,
-                round(req.delay_seconds * 1000),
-                "" if sched_ms is None else sched_ms,
-                "" if ttl_ms is None else ttl_ms,
-                "" if exp_ms is None else exp_ms,
-                new_id(),
-            )
-        args[5] = len(queues)
-        stream_keys = [k for queue in queues for k in self._queue_streams(queue)]
-        return (
-            "submit",
-            [keys.RETRY_SCHEDULE, keys.RECENT, keys.EXPIRY, keys.QUEUES, *stream_keys, *task_keys],
-            args,
-        )
-
-    def _queue_streams(self, queue: str) -> builtins.list[str]:
-        streams = self._streams.get(queue)
-        if streams is None:
-            streams = self._streams[queue] = keys.queue_streams(queue)
-        return streams
 
     async def submit(self, req: SubmitRequest) -> Task:
         """One task. With no submit in flight it is sent at once; calls made while others are
@@ -186,39 +106,29 @@ class Store:
                 fut.set_result(result)
 
     async def submit_many(self, reqs: Sequence[SubmitRequest]) -> list[Task | DtqError]:
-        """All submits in one round trip: one ``submit.lua`` call per ``SUBMIT_CHUNK`` tasks
-        (several in one pipeline). Each item is the task or the error for that item; a Redis
+        """All submits in one round trip (:func:`dtq.calls.submit`: one ``submit.lua`` call per
+        ``SUBMIT_CHUNK`` tasks). Each item is the task or the error for that item; a Redis
         error in any item (a wrong-type key, out of memory) is raised, as is a lost connection.
         """
         if not reqs:
             return []
         ids = [new_id() for _ in reqs]
-        calls = self.submit_calls(reqs, ids)
-        chunks = await self.scripts.call_many(self.redis, calls)
-        replies: builtins.list[Any] = []
-        for chunk in chunks:
-            if isinstance(chunk, Exception):
-                raise chunk
-            replies += chunk
-        for reply in replies:
-            if reply[0] == "err" and reply[1] == "REDIS":
-                raise ResponseError(str(reply[2]))
+        replies = await calls.submit(self, reqs, ids)
         # Replays return the stored tasks: all of them read in one more round trip.
-        dup_ids = [str(reply[2]) for reply in replies if reply[0] == "dup"]
+        dup_ids = [reply.task_id for reply in replies if reply.kind == "dup"]
         stored = {t.task_id: t for t in await self.get_many(dup_ids)}
         out: list[Task | DtqError] = []
         for req, task_id, reply in zip(reqs, ids, replies, strict=True):
-            kind = reply[0]
-            if kind == "new":
+            if reply.kind == "new":
                 out.append(_new_task(req, task_id, reply, self.settings))
-            elif kind == "dup":
-                task = stored.get(str(reply[2]))
+            elif reply.kind == "dup":
+                task = stored.get(reply.task_id)
                 if task is None:
                     out.append(
                         TaskNotFoundError(
                             f"idempotency key {req.idempotency_key!r} belongs to task "
-                            f"{reply[2]} whose record has expired",
-                            task_id=reply[2],
+                            f"{reply.task_id} whose record has expired",
+                            task_id=reply.task_id,
                         )
                     )
                     continue
@@ -318,10 +228,8 @@ class Store:
                 raise r
 
 
-def _new_task(
-    req: SubmitRequest, task_id: str, reply: builtins.list[Any], settings: Settings
-) -> Task:
-    _, status, entry_id, now_ms, due_ms, exp_ms = reply
+def _new_task(req: SubmitRequest, task_id: str, reply: SubmitReply, settings: Settings) -> Task:
+    status, now_ms, due_ms, exp_ms = reply.status, reply.now_ms, reply.due_ms, reply.expires_at_ms
     created = ms_to_dt(now_ms)
     # A copy of the template with the fields a submit decides: half the cost of
     # model_construct over all 29 fields, and the same model (every field set).
@@ -340,9 +248,9 @@ def _new_task(
             "status": TaskStatus(status),
             "queue": req.queue,
             "metadata": {} if req.metadata_json == "{}" else json.loads(req.metadata_json),
-            "expires_at": ms_to_dt(exp_ms) if exp_ms not in ("", None) else None,
+            "expires_at": None if exp_ms is None else ms_to_dt(exp_ms),
             "expired_at": created if status == TaskStatus.EXPIRED else None,
-            "entry_id": entry_id or None,
+            "entry_id": reply.entry_id or None,
         }
     )
 
@@ -382,8 +290,8 @@ _NEW_TASK = Task.model_construct(
 """A task just submitted, before the fields of its submission (see :func:`_new_task`)."""
 
 
-def _submit_error(req: SubmitRequest, reply: builtins.list[Any]) -> DtqError:
-    _, code, detail = reply
+def _submit_error(req: SubmitRequest, reply: SubmitReply) -> DtqError:
+    code, detail = reply.code, reply.detail
     if code == "QUEUE_FULL":
         return QueueFullError(
             f"queue {req.queue!r} is full ({detail} tasks waiting or running)",

@@ -1,8 +1,8 @@
 """A hypothesis state machine against the real Redis: random interleavings of submit, deliver,
 start, finish, crash, reclaim, promote, heartbeat, cancel and expire, driven through dtq's own
 seams (the SDK and Store for submits, ``dtq.admin`` for cancel and expire, the scheduler's
-``tick`` for promotion and the expiry sweep, and the worker's protocol module for the start,
-finish and touch scripts), so every state change is made by the real Lua scripts.
+``tick`` for promotion and the expiry sweep, and ``dtq.calls`` for the start, finish and touch
+scripts), so every state change is made by the real Lua scripts.
 
 The model keeps only what a worker keeps locally (the entries each consumer was delivered and
 is running) and never predicts a status; the invariants are read from Redis after every step:
@@ -48,19 +48,11 @@ from hypothesis.stateful import (
 from redis.asyncio import Redis
 
 from dtq import admin, keys
+from dtq.calls import Entry, Outcome, finish_call, finish_many, parse_read, start_many, touch
 from dtq.client import Queue
 from dtq.config import Settings
 from dtq.errors import DtqError
 from dtq.scripts import Scripts
-from dtq.worker.protocol import (
-    Entry,
-    Outcome,
-    StartReply,
-    finish_call,
-    parse_read,
-    start_call,
-    touch_args,
-)
 from dtq.worker.scheduler import Scheduler
 
 T = TypeVar("T")
@@ -168,9 +160,8 @@ class DeliveryMachine(RuleBasedStateMachine):
         c = self.consumers[name]
         entry = c.delivered.pop(data.draw(st.sampled_from(list(c.delivered))))
         owner, before = self._owner(entry), self._snapshot(entry.task_id)
-        reply = StartReply.parse(
-            self.run(self.scripts.call(self.r, *start_call(entry, name, self.settings)))
-        )
+        [reply] = self.run(start_many(self.store, [entry], name))
+        assert not isinstance(reply, Exception), reply
         event(f"start: {reply.kind}" + (" (zombie)" if owner != name else ""))
         if owner != name:
             assert reply.kind == "fenced", (owner, name, reply)
@@ -186,11 +177,12 @@ class DeliveryMachine(RuleBasedStateMachine):
         entry, attempt = c.running.pop(data.draw(st.sampled_from(list(c.running))))
         owner, before = self._owner(entry), self._snapshot(entry.task_id)
         call = finish_call(entry, attempt, OUTCOMES[outcome], name, self.settings)
-        reply = self.run(self.scripts.call(self.r, *call))
-        event(f"finish: {reply[0]}" + (" (zombie)" if owner != name else ""))
+        [reply] = self.run(finish_many(self.store, [call]))
+        assert not isinstance(reply, Exception), reply
+        event(f"finish: {reply.status}" + (" (zombie)" if owner != name else ""))
         if owner != name:
-            assert reply[0] == "fenced", (owner, name, reply)
-        if reply[0] == "fenced":
+            assert reply.status == "fenced", (owner, name, reply)
+        if reply.status == "fenced":
             assert self._snapshot(entry.task_id) == before, "a fenced finish changed the task"
         self.run(asyncio.sleep(TICK_S))
 
@@ -227,10 +219,10 @@ class DeliveryMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(sorted(n for n, c in self.consumers.items() if c.running)))
         c = self.consumers[name]
         owned = list(c.running)
-        key_list, argv = touch_args(name, owned)
-        lost = self.run(self.scripts.call(self.r, "touch", key_list, argv))
-        for i in lost:  # the worker stops those handlers and forgets them
-            c.running.pop(owned[int(i) - 1], None)
+        lost = set(self.run(touch(self.store, name, owned)))
+        for key in owned:  # the worker stops those handlers and forgets them
+            if key[1] in lost:
+                c.running.pop(key, None)
 
     @precondition(lambda self: bool(self.tasks))
     @rule(data=st.data())

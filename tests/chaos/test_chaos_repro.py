@@ -25,9 +25,10 @@ from chaos_harness import VISIBILITY_S, Cluster, EventLog, now_ns, wait_until
 from redis.asyncio import Redis
 
 from dtq import Queue, connect, keys
+from dtq.calls import Entry, Outcome, StartReply, finish_call, finish_many, start_many
 from dtq.config import Settings
 from dtq.scripts import Scripts
-from dtq.worker.protocol import Entry, Outcome, StartReply, finish_call, start_call
+from dtq.store import Store
 
 STREAM = keys.stream("default", 5)
 
@@ -45,8 +46,14 @@ async def _reclaim(r: Redis, consumer: str) -> None:
     await r.xautoclaim(STREAM, keys.CONSUMER_GROUP, consumer, 0, "0-0")
 
 
+def _backend(r: Redis, settings: Settings) -> Store:
+    return Store(r, Scripts(), settings)
+
+
 async def _start(r: Redis, entry: Entry, consumer: str, settings: Settings) -> StartReply:
-    return StartReply.parse(await Scripts().call(r, *start_call(entry, consumer, settings)))
+    [reply] = await start_many(_backend(r, settings), [entry], consumer)
+    assert not isinstance(reply, Exception), reply
+    return reply
 
 
 @pytest.mark.parametrize("max_attempts", [3, 1])
@@ -69,7 +76,8 @@ async def test_a_zombie_start_does_not_take_over_a_reclaimed_entry(
     assert pending["consumer"] == "worker-b"
     done = Outcome("success", duration_ms=1, result_json="{}")
     call = finish_call(entry, 1, done, "worker-b", settings)
-    assert (await Scripts().call(r, *call))[0] == "succeeded"
+    [reply] = await finish_many(_backend(r, settings), [call])
+    assert not isinstance(reply, Exception) and reply.status == "succeeded", reply
     assert not await r.xlen(STREAM)
 
 

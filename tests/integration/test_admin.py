@@ -20,7 +20,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from dtq import Queue, TaskStatus, admin, connect_sync, keys
+from dtq import Queue, TaskStatus, admin, calls, connect_sync, keys
 from dtq.admin import Audit
 from dtq.errors import (
     InvalidTaskError,
@@ -530,39 +530,15 @@ async def test_scripts_refuse_metadata_changed_since_it_was_read(queue: Queue, r
     """Compare-and-set: a script given metadata that is no longer the hash's writes nothing."""
     dead = await queue.submit("echo_task", {}, metadata={"a": 1})
     await dead_letter(r, dead.task_id)
-    reply = await queue.scripts.call(
-        r,
-        "dlq_discard",
-        [
-            keys.task(dead.task_id),
-            keys.history(dead.task_id),
-            keys.DEAD_LETTER,
-            keys.AUDIT,
-            keys.payload(dead.task_id),
-        ],
-        [dead.task_id, '{"a":0}', '{"a":0,"discarded":true}', "", 60, "someone", ""],
+    reply = await calls.dlq_discard(
+        queue.store, dead.task_id, '{"a":0}', '{"a":0,"discarded":true}', "", Audit("someone")
     )
-    assert reply == ["err", "STALE"]
+    assert reply == calls.DlqReply(False, "STALE")
     assert await r.xlen(keys.DEAD_LETTER) == 1 and await audit_entries(r) == []
     waiting = await queue.submit("echo_task", {}, queue="mail", metadata={"a": 1})
-    reply = await queue.scripts.call(
-        r,
-        "purge_queue",
-        [
-            keys.RETRY_SCHEDULE,
-            keys.RETRY_CLAIMED,
-            keys.EXPIRY,
-            keys.CANCELLED,
-            keys.AUDIT,
-            *keys.queue_streams("mail"),
-            keys.task(waiting.task_id),
-            keys.history(waiting.task_id),
-            keys.idempotency("mail", None),
-            keys.payload(waiting.task_id),
-        ],
-        ["mail", 60, 60, keys.EVENTS, "", "", waiting.task_id, "", "", "e1", "{}", "{}"],
-    )
-    assert reply == [0, waiting.task_id]
+    candidate = calls.PurgeCandidate(waiting.task_id, "", "", "", "{}", "{}")
+    reply = await calls.purge_queue(queue.store, "mail", [candidate], None)
+    assert reply == calls.QueuePurged(0, {waiting.task_id})
     assert (await queue.get(waiting.task_id)).status is TaskStatus.QUEUED
 
 

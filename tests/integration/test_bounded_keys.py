@@ -13,7 +13,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from dtq import Queue, connect, keys
-from dtq.admin import sweep_expired
+from dtq.admin import sweep_due
 from dtq.config import Settings
 from dtq.errors import IdempotencyInProgressError, QueueFullError
 from dtq.models import NOT_STARTED, TaskStatus
@@ -82,7 +82,7 @@ async def mixed_workload(q: Queue, small: Queue, r: Redis) -> None:
     # The expiry sweep (the scheduler leader's job) marks the due task and cleans its indexes.
     h = await r.hgetall(keys.task(expiring.task_id))
     now = await wait_until_redis_ms(r, int(h["expires_at_ms"]))
-    assert await sweep_expired(q.store, now, 100) == [expiring.task_id]
+    assert list((await sweep_due(q.store, now, 100)).expired) == [expiring.task_id]
 
 
 async def test_every_key_has_a_ttl_or_a_bound(settings: Settings, queue: Queue, r: Redis) -> None:

@@ -24,10 +24,10 @@ from test_worker_support import (
 )
 
 from dtq import Queue, keys
+from dtq.calls import drop_consumers
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
-from dtq.scripts import Scripts
-from dtq.worker.consumers import drop_call, drop_dead
+from dtq.worker.consumers import drop_dead
 from dtq_tasks import TaskContext
 
 P5 = keys.stream("default", 5)
@@ -81,17 +81,16 @@ async def test_a_consumer_holding_an_entry_is_never_deleted(r: Redis, queue: Que
     await queue.submit("echo_task", {})
     done = await read_as(r, "worker-idle0002")
     await r.xack(P5, keys.CONSUMER_GROUP, done.entry_id)
-    scripts = Scripts()
     names = ["worker-held0001", "worker-idle0002", "worker-never003"]
 
-    assert await scripts.call(r, *drop_call(P5, names, min_idle_ms=60_000)) == []
-    assert await scripts.call(r, *drop_call(P5, names)) == ["worker-idle0002"]
+    assert await drop_consumers(queue.store, [(P5, names)], min_idle_ms=60_000) == [[]]
+    assert await drop_consumers(queue.store, [(P5, names)]) == [["worker-idle0002"]]
     assert await consumers(r) == {"worker-held0001": 1}
     pending = await r.xpending_range(P5, keys.CONSUMER_GROUP, "-", "+", 10)
     assert [(p["message_id"], p["consumer"]) for p in pending] == [
         (held.entry_id, "worker-held0001")
     ]
-    assert await scripts.call(r, *drop_call(keys.stream("nowhere", 5), names)) == []
+    assert await drop_consumers(queue.store, [(keys.stream("nowhere", 5), names)]) == [[]]
 
 
 async def test_the_leader_pass_spares_live_workers_and_held_entries(r: Redis, queue: Queue) -> None:
@@ -138,7 +137,7 @@ async def test_a_live_worker_whose_idle_consumer_was_deleted_reads_on(
     async with running_worker(fast(settings), handlers(rs_noop=noop), worker_id=wid):
         first = await queue.submit("rs_noop", {})
         await wait_status(r, first.task_id, "succeeded")
-        assert await Scripts().call(r, *drop_call(P5, [wid])) == [wid]
+        assert await drop_consumers(queue.store, [(P5, [wid])]) == [[wid]]
         assert wid not in await consumers(r)
         second = await queue.submit("rs_noop", {})
         await wait_status(r, second.task_id, "succeeded")

@@ -15,13 +15,20 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from test_worker_support import fast, handlers, read_as, running_worker, start_as, wait_status
+from test_worker_support import (
+    fast,
+    finish_as,
+    handlers,
+    read_as,
+    running_worker,
+    start_as,
+    wait_status,
+)
 
 from dtq import Queue, TaskStatus, keys
+from dtq.calls import Outcome
 from dtq.config import Settings
 from dtq.models import Task, compact_json
-from dtq.scripts import Scripts
-from dtq.worker.protocol import Outcome, finish_call
 from dtq.worker.scheduler import Scheduler
 from dtq_tasks import TaskContext
 
@@ -72,8 +79,9 @@ async def dead_letter(r: Redis, queue: Queue, settings: Settings, task_id: str) 
     entry = await read_as(r, "worker-0000dead", task.queue, task.priority)
     started = await start_as(r, entry, "worker-0000dead", settings)
     assert started.kind == "run"
-    call = finish_call(entry, started.attempt, permanent_error(), "worker-0000dead", settings)
-    assert (await Scripts().call(r, *call))[0] == "dead_lettered"
+    failed = permanent_error()
+    done = await finish_as(r, entry, started.attempt, failed, "worker-0000dead", settings)
+    assert done.status == "dead_lettered"
 
 
 async def dlq_payload(r: Redis, task_id: str) -> Any:
@@ -155,8 +163,9 @@ async def op_finish(queue: Queue, r: Redis, settings: Settings, task_id: str) ->
     entry = await read_as(r, "worker-00000001")
     started = await start_as(r, entry, "worker-00000001", settings)
     await age(r, task_id)
-    call = finish_call(entry, started.attempt, Outcome("success"), "worker-00000001", settings)
-    assert (await Scripts().call(r, *call))[0] == "succeeded"
+    success = Outcome("success")
+    done = await finish_as(r, entry, started.attempt, success, "worker-00000001", settings)
+    assert done.status == "succeeded"
 
 
 async def op_finish_dead_letter(queue: Queue, r: Redis, settings: Settings, task_id: str) -> None:

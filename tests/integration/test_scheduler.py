@@ -11,7 +11,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from scheduler_support import Events, running, wait_until
 
-from dtq import Queue, TaskStatus, keys
+from dtq import Queue, TaskStatus, calls, keys
+from dtq.calls import Claimed, PromoteReply
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from dtq.models import Task
@@ -180,13 +181,14 @@ async def test_promote_twice_makes_one_entry(queue: Queue, r: Redis, scheduler: 
     task = await queue.submit("echo_task", {}, delay_seconds=30)
     await r.zrem(keys.RETRY_SCHEDULE, task.task_id)
     await r.zadd(keys.RETRY_CLAIMED, {task.task_id: await redis_time_ms(r)})
-    call = scheduler._promote_call(task.task_id, ("default", 5, ""))
-    first = await queue.scripts.call(r, *call)
-    second = await queue.scripts.call(r, *call)
-    assert first[0] == "queued" and second == ["skip", "not_claimed"]
+    todo = [(task.task_id, ("default", 5, ""))]
+    first = await calls.promote_many(queue.store, todo)
+    second = await calls.promote_many(queue.store, todo)
+    assert first == [PromoteReply("queued", "pending")]
+    assert second == [PromoteReply("skip", "not_claimed")]
     # Claimed again by mistake: the status (QUEUED) refuses it.
     await r.zadd(keys.RETRY_CLAIMED, {task.task_id: await redis_time_ms(r)})
-    assert await queue.scripts.call(r, *call) == ["skip", "queued"]
+    assert await calls.promote_many(queue.store, todo) == [PromoteReply("skip", "queued")]
     assert await r.xlen(keys.stream("default", 5)) == 1
     assert await r.zcard(keys.RETRY_CLAIMED) == 0
 
@@ -238,11 +240,9 @@ async def test_claim_due_returns_stale_claims_to_the_schedule(queue: Queue, r: R
     now = await redis_time_ms(r)
     await r.zadd(keys.RETRY_CLAIMED, {"old": now - 61_000, "new": now})
     await r.zadd(keys.RETRY_SCHEDULE, {"later": now + 60_000})
-    claimed, stale, at = await queue.scripts.call(
-        r, "claim_due", [keys.RETRY_SCHEDULE, keys.RETRY_CLAIMED], [1, 60_000]
-    )
-    assert stale == 1 and claimed == ["old"]
-    assert abs(at - await redis_time_ms(r)) < 1000
+    got = await calls.claim_due(queue.store, 1, 60_000)
+    assert got == Claimed(["old"], 1, got.now_ms)
+    assert abs(got.now_ms - await redis_time_ms(r)) < 1000
     assert await r.zrange(keys.RETRY_SCHEDULE, 0, -1) == ["later"]
     assert sorted(await r.zrange(keys.RETRY_CLAIMED, 0, -1)) == ["new", "old"]
 
@@ -261,10 +261,7 @@ async def test_one_leader_and_takeover_after_release(queue: Queue, r: Redis) -> 
     # The follower cannot release or refresh the leader's lock.
     await b.release()
     assert await r.get(keys.SCHEDULER_LOCK) == WORKER_A
-    assert (
-        await queue.scripts.call(r, "lock", [keys.SCHEDULER_LOCK], ["refresh", WORKER_B, 10_000])
-        == 0
-    )
+    assert not await calls.lock(queue.store, "refresh", WORKER_B, 10_000)
 
     # Only the leader works: a due task waits for it.
     task = await queue.submit("echo_task", {}, delay_seconds=0.01)

@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 
 from redis.asyncio import Redis
-from test_worker_support import read_as, start_as
+from test_worker_support import finish_as, read_as, start_as
 
 from dtq import Queue, keys
+from dtq.calls import Outcome
 from dtq.config import Settings
-from dtq.scripts import Scripts
-from dtq.worker.protocol import Outcome, finish_call
 from dtq.worker.scheduler import Scheduler
 
 OUTCOME_FIELDS = ("finished_at", "duration_ms", "error_class", "error_message", "retryable")
@@ -43,8 +42,7 @@ async def test_a_retry_runs_without_the_last_attempts_outcome(
     failed = Outcome(
         "error", duration_ms=7, error_class="RetryableError", error_message="x", retryable=True
     )
-    call = finish_call(entry, 1, failed, "worker-0000a001", settings)
-    assert (await Scripts().call(r, *call))[0] == "retrying"
+    assert (await finish_as(r, entry, 1, failed, "worker-0000a001", settings)).status == "retrying"
     h = await r.hgetall(keys.task(task.task_id))
     assert {f: h[f] for f in ("error_class", "error_message", "retryable")} == {
         "error_class": "RetryableError",

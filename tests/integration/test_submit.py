@@ -17,7 +17,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from dtq import Queue, connect, keys
+from dtq import Queue, calls, connect, keys
 from dtq.config import Settings
 from dtq.errors import (
     IdempotencyInProgressError,
@@ -413,15 +413,15 @@ async def test_a_redis_error_in_one_task_of_a_batch(queue: Queue, r: Redis) -> N
     reqs = [queue.build_request("echo_task", {"i": i}) for i in range(3)]
     ids = ["a" * 32, "b" * 32, "c" * 32]
     await r.set(keys.task(ids[1]), "not a hash")
-    [call] = queue.store.submit_calls(reqs, ids)
+    [call] = calls.submit_calls(reqs, ids, queue.settings)
     replies = await queue.scripts.call(r, *call)
     assert [x[0] for x in replies] == ["new", "err", "new"]
     assert replies[1][1] == "REDIS" and "WRONGTYPE" in replies[1][2]
     assert (await queue.get(ids[0])).payload == {"i": 0}
     assert (await queue.get(ids[2])).payload == {"i": 2}
-    # Through the SDK: the task id is the first id the store draws (the event id the second).
+    # Through the SDK: the task id is the id the store draws (dtq.calls draws the event ids).
     await r.set(keys.task("d" * 32), "not a hash")
-    drawn = iter(["d" * 32, "e" * 32])
+    drawn = iter(["d" * 32])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("dtq.store.new_id", lambda: next(drawn))
         with pytest.raises(ResponseError, match="WRONGTYPE"):

@@ -14,6 +14,7 @@ import pytest
 from redis.asyncio import Redis
 from test_worker_support import (
     WorkerProcess,
+    backend,
     calls,
     fast,
     handlers,
@@ -25,10 +26,9 @@ from test_worker_support import (
 )
 
 from dtq import Queue, keys
+from dtq.calls import touch
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
-from dtq.scripts import Scripts
-from dtq.worker.protocol import touch_args
 from dtq_tasks import TaskContext
 
 WORKER_FIELDS = {
@@ -110,21 +110,19 @@ async def test_touch_renews_only_owned_entries(settings: Settings, r: Redis, que
         return int(p["time_since_delivered"]) >= 50
 
     await wait_until(idle_50ms, 2, "idle entry")
-    scripts = Scripts()
-    key_list, argv = touch_args("worker-thief000", [(stream, entry.entry_id)])
-    assert await scripts.call(r, "touch", key_list, argv) == [1]  # not owned: reported lost
+    db = backend(r, settings)
+    owned = [(stream, entry.entry_id)]
+    assert await touch(db, "worker-thief000", owned) == [entry.entry_id]  # not owned: lost
     [p] = await r.xpending_range(stream, keys.CONSUMER_GROUP, "-", "+", 10)
     assert p["consumer"] == "worker-owner000" and p["times_delivered"] == 1
     assert p["time_since_delivered"] >= 40
-    key_list, argv = touch_args("worker-owner000", [(stream, entry.entry_id)])
-    assert await scripts.call(r, "touch", key_list, argv) == []
+    assert await touch(db, "worker-owner000", owned) == []
     [p] = await r.xpending_range(stream, keys.CONSUMER_GROUP, "-", "+", 10)
     assert p["consumer"] == "worker-owner000"
     assert p["times_delivered"] == 1  # JUSTID: the delivery counter is not bumped
     assert p["time_since_delivered"] < 40
     # A stream or entry that is gone is lost too, without an error.
-    key_list, argv = touch_args("worker-owner000", [("dtq:stream:nope:p1", "1-1")])
-    assert await scripts.call(r, "touch", key_list, argv) == [1]
+    assert await touch(db, "worker-owner000", [("dtq:stream:nope:p1", "1-1")]) == ["1-1"]
 
 
 async def test_long_task_keeps_its_lease_past_the_visibility_timeout(

@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from test_worker_support import (
     DLQ_FIELDS,
     fast,
+    finish_as,
     handlers,
     read_as,
     running_worker,
@@ -23,9 +24,8 @@ from test_worker_support import (
 )
 
 from dtq import Queue, keys
+from dtq.calls import Outcome
 from dtq.config import Settings
-from dtq.scripts import Scripts
-from dtq.worker.protocol import Outcome, finish_call
 from dtq_tasks import (
     Handler,
     PermanentError,
@@ -283,24 +283,22 @@ async def test_finish_is_fenced_for_a_stale_attempt(
     assert (await start_as(r, entry, "worker-other000", settings)).attempt == 2
     before = await r.hgetall(keys.task(task.task_id))
     history_len = await r.llen(keys.history(task.task_id))
-    scripts = Scripts()
     outcome = Outcome("success", duration_ms=5, result_json='"zombie"')
     for worker_id, attempt in (
         ("worker-zombie00", 1),
         ("worker-zombie00", 2),
         ("worker-other000", 1),
     ):
-        call = finish_call(entry, attempt, outcome, worker_id, settings)
-        reply = await scripts.call(r, *call)
-        assert reply[0] == "fenced", (worker_id, attempt, reply)
+        reply = await finish_as(r, entry, attempt, outcome, worker_id, settings)
+        assert reply.status == "fenced", (worker_id, attempt, reply)
     assert await r.hgetall(keys.task(task.task_id)) == before
     assert await r.llen(keys.history(task.task_id)) == history_len
     assert not await r.exists(keys.result(task.task_id))
     [pending] = await r.xpending_range(entry.stream, keys.CONSUMER_GROUP, "-", "+", 10)
     assert pending["consumer"] == "worker-other000"
     # The owner's finish goes through.
-    call = finish_call(entry, 2, outcome, "worker-other000", settings)
-    assert (await scripts.call(r, *call))[0] == "succeeded"
+    done = await finish_as(r, entry, 2, outcome, "worker-other000", settings)
+    assert done.status == "succeeded"
     assert await r.xlen(entry.stream) == 0
 
 
@@ -313,10 +311,10 @@ async def test_a_long_reschedule_keeps_the_task_past_its_wait(
     entry = await read_as(r, "worker-sched000")
     await start_as(r, entry, "worker-sched000", settings)
     wait_ms = 30 * 86_400_000
-    call = finish_call(
-        entry, 1, Outcome("reschedule", delay_ms=wait_ms), "worker-sched000", settings
+    reschedule = Outcome("reschedule", delay_ms=wait_ms)
+    assert (await finish_as(r, entry, 1, reschedule, "worker-sched000", settings)).status == (
+        "retrying"
     )
-    assert (await Scripts().call(r, *call))[0] == "retrying"
     for key in (keys.task(task.task_id), keys.payload(task.task_id), keys.history(task.task_id)):
         ttl = await r.ttl(key)
         expected = settings.task_retention_s + wait_ms // 1000

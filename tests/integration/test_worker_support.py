@@ -20,11 +20,20 @@ from typing import Any
 from redis.asyncio import Redis
 
 from dtq import Queue, keys
+from dtq.calls import (
+    Entry,
+    FinishReply,
+    Outcome,
+    StartReply,
+    finish_call,
+    finish_many,
+    start_many,
+)
 from dtq.config import Settings
 from dtq.models import TaskStatus
 from dtq.scripts import Scripts
+from dtq.store import Store
 from dtq.worker import Worker
-from dtq.worker.protocol import Entry, StartReply, start_call
 from dtq_tasks import Handler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,10 +112,26 @@ async def read_as(r: Redis, consumer: str, queue: str = "default", priority: int
     return entry
 
 
+def backend(r: Redis, settings: Settings) -> Store:
+    """What a script call of :mod:`dtq.calls` runs against: ``r``, fresh scripts, ``settings``."""
+    return Store(r, Scripts(), settings)
+
+
 async def start_as(r: Redis, entry: Entry, consumer: str, settings: Settings) -> StartReply:
-    scripts = Scripts()
-    reply = await scripts.call(r, *start_call(entry, consumer, settings))
-    return StartReply.parse(reply)
+    """start.lua for ``entry`` as ``consumer`` (the worker's call, outside a worker)."""
+    [reply] = await start_many(backend(r, settings), [entry], consumer)
+    assert not isinstance(reply, Exception), reply
+    return reply
+
+
+async def finish_as(
+    r: Redis, entry: Entry, attempt: int, outcome: Outcome, consumer: str, settings: Settings
+) -> FinishReply:
+    """finish.lua for ``entry`` as ``consumer`` (the worker's call, outside a worker)."""
+    call = finish_call(entry, attempt, outcome, consumer, settings)
+    [reply] = await finish_many(backend(r, settings), [call])
+    assert not isinstance(reply, Exception), reply
+    return reply
 
 
 async def past_deadline(queue: Queue, when: datetime | None) -> None:

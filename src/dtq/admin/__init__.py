@@ -2,8 +2,9 @@
 
 State changes are one Lua script each (cancel, expire, dlq_requeue, dlq_discard, set_paused) or
 a run of bounded chunks of one script (dlq_purge, purge_queue: at most ``CHUNK`` tasks per
-call, so no script runs long). These functions find the keys a script needs (a task's queue,
-priority and idempotency key decide its stream and record) and map replies to dtq errors.
+call, so no script runs long), called through :mod:`dtq.calls`. These functions read what a
+script needs (a task's queue, priority and idempotency key decide its stream and record; the
+metadata a compare-and-set expects) and map the replies to dtq errors.
 
 ``audit``: given an :class:`Audit`, the same script that makes the change appends
 ``{actor, action, task_id, queue, ts, request_id}`` to ``dtq:stream:audit`` (MAXLEN ~ 10000),
@@ -18,7 +19,7 @@ operation in Redis terms and which values are exact.
 from dtq.admin._common import CHUNK, SWEEP_BATCH, Audit
 from dtq.admin.dlq import dlq_discard, dlq_get, dlq_list, dlq_purge, dlq_requeue
 from dtq.admin.queues import purge_queue, set_paused
-from dtq.admin.tasks import Swept, cancel, expire, sweep_due, sweep_expired, task_keys
+from dtq.admin.tasks import Swept, cancel, expire, sweep_due, task_keys
 from dtq.admin.views import all_queue_stats, audit_log, queue_stats, worker, workers
 
 __all__ = [
@@ -39,7 +40,6 @@ __all__ = [
     "queue_stats",
     "set_paused",
     "sweep_due",
-    "sweep_expired",
     "task_keys",
     "worker",
     "workers",

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, cast
 
+from dtq.calls import Audit
 from dtq.errors import InvalidTaskError
 from dtq.models import QUEUE_RE
 
@@ -18,7 +18,6 @@ __all__ = [
     "SWEEP_PER_CALL",
     "Audit",
     "StreamRows",
-    "audit_args",
     "check_queue",
     "load_metadata",
     "stream_rows",
@@ -34,25 +33,6 @@ CAS_TRIES = 5  # reads + compare-and-set script calls before giving up on a chan
 
 StreamRows = list[tuple[str, dict[str, str]]]
 """XRANGE/XREVRANGE reply of a decode_responses client."""
-
-
-@dataclass(frozen=True)
-class Audit:
-    """Who asked for an operation: ``actor`` (e.g. ``api:<key id>``, ``cli:<user>@<host>``) and
-    the request it came with. Given to an operation, it makes the operation's script append one
-    entry to ``dtq:stream:audit`` atomically with the change."""
-
-    actor: str
-    request_id: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.actor:
-            raise ValueError("Audit.actor must not be empty")
-
-
-def audit_args(audit: Audit | None) -> list[str]:
-    """The two ARGV values (actor, request_id) every admin script takes; "" = no audit."""
-    return ["", ""] if audit is None else [audit.actor, audit.request_id or ""]
 
 
 def check_queue(queue: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-from dtq import keys
+from dtq import calls, keys
 from dtq.admin._common import (
     CAS_TRIES,
     CHUNK,
@@ -18,13 +18,13 @@ from dtq.admin._common import (
     PREVIOUS_ATTEMPTS_CAP,
     SCAN_CHUNK,
     Audit,
-    audit_args,
     load_metadata,
     stream_rows,
 )
+from dtq.calls import DlqReply
 from dtq.errors import InvalidTransitionError, NotInDeadLetterError, TaskNotFoundError
 from dtq.models import Task, TaskStatus, compact_json
-from dtq.store import Store, new_id
+from dtq.store import Store
 from dtq.views import DeadLetter
 
 __all__ = ["dlq_discard", "dlq_get", "dlq_list", "dlq_purge", "dlq_requeue"]
@@ -109,22 +109,21 @@ async def _dead_lettered(
     return h, meta, fallback
 
 
-def _dlq_refused(task_id: str, reply: list[Any], verb: str) -> Exception | None:
+def _dlq_refused(task_id: str, reply: DlqReply, verb: str) -> Exception | None:
     """The error a refused DLQ script reply means; None for STALE (read again and retry)."""
-    code = reply[1]
-    if code == "STALE":
+    if reply.code == "STALE":
         return None
-    if code == "NOT_FOUND":
+    if reply.code == "NOT_FOUND":
         return TaskNotFoundError(f"task {task_id} not found", task_id=task_id)
-    if code == "DEADLINE":
+    if reply.code == "DEADLINE":
         return InvalidTransitionError(
-            f"task {task_id} cannot be {verb}: its deadline (expires_at {reply[2]}) has passed, "
-            "so it would expire before running (expired means too late)",
+            f"task {task_id} cannot be {verb}: its deadline (expires_at {reply.detail}) has "
+            "passed, so it would expire before running (expired means too late)",
             task_id=task_id,
             status=TaskStatus.DEAD_LETTERED.value,
-            expires_at=reply[2],
+            expires_at=reply.detail,
         )
-    return _not_in_dlq(task_id, str(reply[2]), {})
+    return _not_in_dlq(task_id, reply.detail, {})
 
 
 def _changed_meanwhile(task_id: str, verb: str) -> InvalidTransitionError:
@@ -149,40 +148,23 @@ async def dlq_requeue(store: Store, task_id: str, *, audit: Audit | None = None)
     NotInDeadLetterError for any other status (an EXPIRED task is never requeued: expired means
     too late) or a discarded one; InvalidTransitionError when its deadline has passed.
     """
-    s = store.settings
     for _ in range(CAS_TRIES):
         h, meta, fallback = await _dead_lettered(store, task_id, "requeued")
         previous = meta.get("previous_attempts")
         previous = list(previous) if isinstance(previous, list) else []
         previous.append(_previous_attempt(h))
         meta["previous_attempts"] = previous[-PREVIOUS_ATTEMPTS_CAP:]
-        queue, idem = h["queue"], h.get("idempotency_key") or ""
-        reply = await store.scripts.call(
-            store.redis,
-            "dlq_requeue",
-            [
-                keys.task(task_id),
-                keys.history(task_id),
-                keys.DEAD_LETTER,
-                keys.idempotency(queue, idem),
-                keys.AUDIT,
-                keys.EXPIRY,
-                *keys.queue_streams(queue),
-                keys.payload(task_id),
-            ],
-            [
-                task_id,
-                h.get("metadata", ""),
-                compact_json(meta),
-                fallback,
-                s.task_retention_s,
-                s.idem_ttl_s,
-                keys.EVENTS,
-                new_id(),
-                *audit_args(audit),
-            ],
+        reply = await calls.dlq_requeue(
+            store,
+            task_id,
+            h["queue"],
+            h.get("idempotency_key") or "",
+            h.get("metadata", ""),
+            compact_json(meta),
+            fallback,
+            audit,
         )
-        if reply[0] == "queued":
+        if reply.ok:
             return await store.get(task_id)
         error = _dlq_refused(task_id, reply, "requeued")
         if error is not None:
@@ -196,26 +178,10 @@ async def dlq_discard(store: Store, task_id: str, *, audit: Audit | None = None)
     for _ in range(CAS_TRIES):
         h, meta, fallback = await _dead_lettered(store, task_id, "discarded")
         meta["discarded"] = True
-        reply = await store.scripts.call(
-            store.redis,
-            "dlq_discard",
-            [
-                keys.task(task_id),
-                keys.history(task_id),
-                keys.DEAD_LETTER,
-                keys.AUDIT,
-                keys.payload(task_id),
-            ],
-            [
-                task_id,
-                h.get("metadata", ""),
-                compact_json(meta),
-                fallback,
-                store.settings.task_retention_s,
-                *audit_args(audit),
-            ],
+        reply = await calls.dlq_discard(
+            store, task_id, h.get("metadata", ""), compact_json(meta), fallback, audit
         )
-        if reply[0] == "discarded":
+        if reply.ok:
             return
         error = _dlq_refused(task_id, reply, "discarded")
         if error is not None:
@@ -232,7 +198,7 @@ async def dlq_purge(store: Store, *, audit: Audit | None = None) -> int:
     redis = store.redis
     newest = stream_rows(await redis.xrevrange(keys.DEAD_LETTER, "+", "-", count=1))
     end = newest[0][0] if newest else None
-    pending_audit = audit_args(audit)
+    pending_audit = audit
     removed = 0
     start = "-"
     while end is not None:
@@ -242,26 +208,17 @@ async def dlq_purge(store: Store, *, audit: Audit | None = None) -> int:
         pipe = redis.pipeline(transaction=False)
         for _, fields in rows:
             pipe.hmget(keys.task(fields.get("task_id", "")), "status", "metadata")
-        call_keys = [keys.DEAD_LETTER, keys.AUDIT]
-        args: list[Any] = [*pending_audit, store.settings.task_retention_s]
+        chunk: list[tuple[str, str, str, str]] = []
         for (eid, fields), (status, raw) in zip(rows, await pipe.execute(), strict=True):
-            tid = fields.get("task_id", "")
             new = ""
             if status == TaskStatus.DEAD_LETTERED:
                 new = compact_json({**load_metadata(raw), "discarded": True})
-            call_keys += [keys.task(tid), keys.history(tid), keys.payload(tid)]
-            args += [eid, tid, raw or "", new]
-        reply = await store.scripts.call(redis, "dlq_purge", call_keys, args)
-        removed += int(reply[0])
-        pending_audit = ["", ""]
+            chunk.append((eid, fields.get("task_id", ""), raw or "", new))
+        removed += await calls.dlq_purge(store, chunk, pending_audit)
+        pending_audit = None  # the first chunk carried the operation's audit entry
         if len(rows) < CHUNK:
             break
         start = "(" + rows[-1][0]
-    if pending_audit[0]:  # nothing was there: the purge is still recorded
-        await store.scripts.call(
-            redis,
-            "dlq_purge",
-            [keys.DEAD_LETTER, keys.AUDIT],
-            [*pending_audit, store.settings.task_retention_s],
-        )
+    if pending_audit is not None:  # nothing was there: the purge is still recorded
+        await calls.dlq_purge(store, [], pending_audit)
     return removed

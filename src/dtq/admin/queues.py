@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from dtq import keys
+from dtq import calls, keys
 from dtq.admin._common import (
     CAS_TRIES,
     CHUNK,
     SCAN_CHUNK,
     Audit,
-    audit_args,
     check_queue,
     load_metadata,
     stream_rows,
 )
 from dtq.models import NOT_STARTED, compact_json
-from dtq.store import Store, new_id
+from dtq.store import Store
 
 __all__ = ["purge_queue", "set_paused"]
 
@@ -25,13 +23,7 @@ __all__ = ["purge_queue", "set_paused"]
 async def set_paused(store: Store, queue: str, paused: bool, *, audit: Audit | None = None) -> bool:
     """Pause (workers stop reading the queue) or resume it; True when the state changed."""
     check_queue(queue)
-    reply = await store.scripts.call(
-        store.redis,
-        "set_paused",
-        [keys.queue_paused(queue), keys.QUEUES, keys.AUDIT],
-        [queue, "1" if paused else "0", keys.EVENTS, new_id(), *audit_args(audit)],
-    )
-    return bool(reply)
+    return await calls.set_paused(store, queue, paused, audit)
 
 
 _Candidate = tuple[str, str, str]  # task_id, stream entry id seen ("" = schedule), band ("")
@@ -43,7 +35,7 @@ class _Purge:
     def __init__(self, store: Store, queue: str, audit: Audit | None) -> None:
         self.store = store
         self.queue = queue
-        self.audit_args = audit_args(audit)
+        self.audit: Audit | None = audit  # until a chunk carries the audit entry
         self.cancelled = 0
 
     async def run(self, candidates: Sequence[_Candidate]) -> None:
@@ -60,17 +52,7 @@ class _Purge:
         pipe = store.redis.pipeline(transaction=False)
         for tid, _, _ in candidates:
             pipe.hmget(keys.task(tid), "status", "queue", "idempotency_key", "metadata")
-        call_keys = [
-            keys.RETRY_SCHEDULE,
-            keys.RETRY_CLAIMED,
-            keys.EXPIRY,
-            keys.CANCELLED,
-            keys.AUDIT,
-            *keys.queue_streams(queue),
-        ]
-        s = store.settings
-        args: list[Any] = [queue, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, *self.audit_args]
-        sent = 0
+        send: list[calls.PurgeCandidate] = []
         for (tid, seen, band), (status, q, idem, raw) in zip(
             candidates, await pipe.execute(), strict=True
         ):
@@ -80,20 +62,13 @@ class _Purge:
                 expect, new = raw or "", compact_json({**load_metadata(raw), "purged": True})
             else:
                 continue
-            call_keys += [
-                keys.task(tid),
-                keys.history(tid),
-                keys.idempotency(queue, idem),
-                keys.payload(tid),
-            ]
-            args += [tid, seen, band, new_id(), expect, new]
-            sent += 1
-        if not sent:
+            send.append(calls.PurgeCandidate(tid, seen, band, idem or "", expect, new))
+        if not send:
             return set()
-        reply = await store.scripts.call(store.redis, "purge_queue", call_keys, args)
-        self.cancelled += int(reply[0])
-        self.audit_args = ["", ""]
-        return set(reply[1:])
+        reply = await calls.purge_queue(store, queue, send, self.audit)
+        self.cancelled += reply.cancelled
+        self.audit = None
+        return reply.stale
 
     async def scheduled(self) -> None:
         """Delayed and retrying members (and those the scheduler is promoting right now)."""
@@ -124,21 +99,8 @@ class _Purge:
 
     async def finish(self) -> None:
         """Write the audit entry if no chunk carried it (nothing to purge)."""
-        if not self.audit_args[0]:
-            return
-        await self.store.scripts.call(
-            self.store.redis,
-            "purge_queue",
-            [
-                keys.RETRY_SCHEDULE,
-                keys.RETRY_CLAIMED,
-                keys.EXPIRY,
-                keys.CANCELLED,
-                keys.AUDIT,
-                *keys.queue_streams(self.queue),
-            ],
-            [self.queue, 1, 1, keys.EVENTS, *self.audit_args],
-        )
+        if self.audit is not None:
+            await calls.purge_queue(self.store, self.queue, [], self.audit)
 
 
 async def purge_queue(store: Store, queue: str, *, audit: Audit | None = None) -> int:

@@ -10,7 +10,7 @@
 -- KEYS[1..m]       = dtq:queue:<queue>:paused of each served queue
 -- KEYS[m+1..m+n]   = dtq:stream:<queue>:p<N>, the served streams in the order to read them:
 --                    priority-major (p9 of queues 1..m, then p8 of queues 1..m, ...), so the
---                    k-th stream is queue (k - 1) % m + 1's (ReadPlan in dtq/worker/protocol.py)
+--                    k-th stream is queue (k - 1) % m + 1's (ReadPlan in dtq/calls.py)
 -- ARGV[1] consumer group  [2] consumer (worker id)  [3] count: entries to read at most (>= 1)
 -- ARGV[4] m (the number of queues)
 -- Returns {entries, nogroup, paused, since}:

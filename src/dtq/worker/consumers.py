@@ -24,26 +24,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from dtq import keys
-from dtq.scripts import Call
+from dtq import calls, keys
 from dtq.store import Store
 from dtq.views import LIVENESS_FIELDS, worker_liveness
 
-__all__ = ["drop_call", "drop_dead", "drop_own", "worker_states"]
-
-
-def drop_call(stream: str, consumers: Sequence[str], min_idle_ms: int = 0) -> Call:
-    """The ``drop_consumers.lua`` call deleting those of ``consumers`` that hold nothing."""
-    return ("drop_consumers", [stream], [keys.CONSUMER_GROUP, min_idle_ms, *consumers])
+__all__ = ["drop_dead", "drop_own", "worker_states"]
 
 
 async def drop_own(store: Store, worker_id: str, queues: Sequence[str]) -> list[str]:
     """Delete this worker's consumers on every stream of ``queues`` where it holds no entry;
     returns the streams where it still holds one (and its consumer stays)."""
     streams = [s for q in queues for s in keys.queue_streams(q)]
-    replies = await store.scripts.call_many(
-        store.redis, [drop_call(s, [worker_id]) for s in streams]
-    )
+    replies = await calls.drop_consumers(store, [(s, [worker_id]) for s in streams])
     # Where it was not deleted: does it hold an entry there? One pipeline of XPENDING, its
     # replies walked with the scripts' in stream order (the first error met is the one raised).
     unsure = [
@@ -111,16 +103,18 @@ async def drop_dead(
         for name, h in zip(names, await worker_states(store, names), strict=True)
         if not worker_liveness(h, now_ms, stale_ms).alive
     }
-    calls = [
-        drop_call(stream, [c for c in consumers if c in dead], min_idle_ms)
+    drops = [
+        (stream, [c for c in consumers if c in dead])
         for stream, consumers in idle.items()
         if any(c in dead for c in consumers)
     ]
     dropped: list[tuple[str, str]] = []
-    for call, reply in zip(calls, await store.scripts.call_many(redis, calls), strict=True):
+    for (stream, _), reply in zip(
+        drops, await calls.drop_consumers(store, drops, min_idle_ms), strict=True
+    ):
         if isinstance(reply, Exception):
             raise reply
-        dropped.extend((call[1][0], str(c)) for c in reply)
+        dropped.extend((stream, c) for c in reply)
     return dropped
 
 

@@ -11,20 +11,17 @@ import asyncio
 import logging
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from redis.asyncio import Redis
-
-from dtq import keys
+from dtq import calls, keys
+from dtq.calls import Entry, FinishReply, Outcome, StartReply
 from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.log import bind as bind_log_fields
-from dtq.scripts import Scripts
+from dtq.store import Store
 from dtq.worker.executor import Execution, Finisher, ThreadRunner, run_handler
 from dtq.worker.intake import Capacity
 from dtq.worker.observer import TaskFinished, TaskSkipped, TaskStarted, WorkerObserver
 from dtq.worker.outage import TRANSIENT
-from dtq.worker.protocol import Entry, Outcome, StartReply, finish_call, start_call, touch_args
 from dtq_tasks import Handler
 
 __all__ = ["Dispatcher"]
@@ -40,8 +37,7 @@ class Dispatcher:
         *,
         worker_id: str,
         settings: Settings,
-        redis: Redis,
-        scripts: Scripts,
+        store: Store,
         handlers: Mapping[str, Handler],
         observers: Sequence[WorkerObserver],
         capacity: Capacity,
@@ -51,8 +47,8 @@ class Dispatcher:
     ) -> None:
         self.worker_id = worker_id
         self.settings = settings
-        self.redis = redis
-        self.scripts = scripts
+        self.store = store  # what the script calls run against
+        self.redis = store.redis
         self.handlers = handlers
         self.observers = observers
         self.capacity = capacity
@@ -78,20 +74,18 @@ class Dispatcher:
                 todo.append(entry)
         if not todo:
             return
-        calls = [start_call(e, self.worker_id, self.settings) for e in todo]
         try:
-            replies = await self.scripts.call_many(self.redis, calls)
+            replies = await calls.start_many(self.store, todo, self.worker_id)
         except BaseException:
             self.capacity.release(len(todo))  # entries stay pending: the reaper redelivers them
             raise
-        for entry, reply in zip(todo, replies, strict=True):
-            if isinstance(reply, Exception):
+        for entry, start in zip(todo, replies, strict=True):
+            if isinstance(start, Exception):
                 log.error(
-                    "start of task %s (entry %s) failed: %s", entry.task_id, entry.entry_id, reply
+                    "start of task %s (entry %s) failed: %s", entry.task_id, entry.entry_id, start
                 )
                 self.capacity.release()
                 continue
-            start = StartReply.parse(reply)
             if start.kind != "run":
                 self._skipped(entry, start)
                 self.capacity.release()
@@ -166,8 +160,8 @@ class Dispatcher:
                 )
                 return
             ex.finishing = True
-            call = finish_call(entry, ex.attempt, outcome, self.worker_id, self.settings)
-            reply = await asyncio.shield(self.finisher.submit(call))
+            call = calls.finish_call(entry, ex.attempt, outcome, self.worker_id, self.settings)
+            reply = await asyncio.shield(self.finisher.submit(call, entry.task_id))
             status = self._finished(ex, outcome.kind, reply)
             if self.observers:
                 finished = _finished_event(ex, status, outcome)
@@ -193,11 +187,10 @@ class Dispatcher:
         if age_ms < self.settings.visibility_timeout_s * 500:
             return True
         entry = ex.entry
-        key_list, argv = touch_args(self.worker_id, [(entry.stream, entry.entry_id)])
         try:
-            lost = await self.scripts.call(self.redis, "touch", key_list, argv)
+            lost = await calls.touch(self.store, self.worker_id, [(entry.stream, entry.entry_id)])
         except TRANSIENT as exc:
-            lost, why = [1], f"Redis unavailable: {exc}"
+            lost, why = [entry.entry_id], f"Redis unavailable: {exc}"
         else:
             why = "another worker holds it"
         if ex.cancel_reason is not None:
@@ -214,7 +207,7 @@ class Dispatcher:
             return False
         return True
 
-    def _finished(self, ex: Execution, kind: str, reply: Any) -> str:
+    def _finished(self, ex: Execution, kind: str, reply: FinishReply | Exception) -> str:
         entry = ex.entry
         if isinstance(reply, Exception):
             # Redis unavailable: the finisher logged the batch (with this task's id) once.
@@ -227,13 +220,13 @@ class Dispatcher:
                 reply,
             )
             return "error"
-        status = str(reply[0])
+        status = reply.status
         if status == "fenced":
             log.warning(
                 "task %s attempt %d: finish fenced (%s): another worker owns it; nothing written",
                 entry.task_id,
                 ex.attempt,
-                reply[1],
+                reply.detail,
             )
             return status
         self.tasks_processed += 1

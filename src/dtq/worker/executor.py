@@ -4,7 +4,7 @@
   several processes). A thread that timed out or was cancelled runs on: Python cannot stop it,
   so its slot stays taken until it returns and concurrency stays bounded.
 - :func:`run_handler`: payload decode and validation, the handler under ``timeout_ms``, then
-  classification (:mod:`dtq.retry`) into an :class:`~dtq.worker.protocol.Outcome`.
+  classification (:mod:`dtq.retry`) into an :class:`~dtq.calls.Outcome`.
 - :class:`Finisher`: finish scripts go to Redis in one pipeline per event-loop tick, never one
   awaited call per task; a lost connection is retried, since the script is fenced and atomic.
 """
@@ -25,13 +25,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from dtq import calls
+from dtq.calls import Entry, FinishReply, Outcome, StartReply
 from dtq.config import Settings
 from dtq.models import compact_json
 from dtq.retry import PayloadDecodeError, classify, next_retry_delay_s, sanitize
 from dtq.scripts import Call
 from dtq.store import Store, ms_to_dt
 from dtq.worker.outage import TRANSIENT, RedisOutage
-from dtq.worker.protocol import Entry, Outcome, StartReply
 from dtq_tasks import Handler, RescheduleError, TaskContext
 
 __all__ = ["Execution", "Finisher", "LeaseLostError", "ThreadRunner", "run_handler"]
@@ -320,13 +321,15 @@ class Finisher:
         self._store = store
         self._retry_budget_s = retry_budget_s
         self._outage = outage or RedisOutage()
-        self._items: list[tuple[Call, asyncio.Future[Any]]] = []
+        self._items: list[tuple[Call, str, asyncio.Future[FinishReply | Exception]]] = []
         self._wake = asyncio.Event()
         self._closing = False
 
-    def submit(self, call: Call) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._items.append((call, fut))
+    def submit(self, call: Call, task_id: str) -> asyncio.Future[FinishReply | Exception]:
+        """Queue one :func:`dtq.calls.finish_call` call (of task ``task_id``) for the next
+        batch; the future gets its reply or its error."""
+        fut: asyncio.Future[FinishReply | Exception] = asyncio.get_running_loop().create_future()
+        self._items.append((call, task_id, fut))
         self._wake.set()
         return fut
 
@@ -346,29 +349,31 @@ class Finisher:
             await asyncio.sleep(0)  # completions of this tick join the batch
             batch = self._items[:FINISH_BATCH_MAX]
             del self._items[:FINISH_BATCH_MAX]
-            replies = await self._send([call for call, _ in batch])
-            for (_, fut), reply in zip(batch, replies, strict=True):
+            replies = await self._send([c for c, _, _ in batch], [t for _, t, _ in batch])
+            for (_, _, fut), reply in zip(batch, replies, strict=True):
                 if not fut.done():
                     fut.set_result(reply)
 
-    async def _send(self, calls: Sequence[Call]) -> list[Any]:
+    async def _send(
+        self, batch: Sequence[Call], task_ids: Sequence[str]
+    ) -> list[FinishReply | Exception]:
         started = time.monotonic()
         deadline = started + self._retry_budget_s
         delay_s = 0.05
         while True:
             try:
-                replies = await self._store.scripts.call_many(self._store.redis, calls)
+                replies = await calls.finish_many(self._store, batch)
             except TRANSIENT as exc:
                 self._outage.failed("finish", exc)
                 if time.monotonic() + delay_s > deadline:
                     # Told, with the ids, in the outage reporter's next line (one a second).
-                    self._outage.unrecorded([str(args[0]) for _, _, args in calls])
-                    return [exc] * len(calls)
+                    self._outage.unrecorded(list(task_ids))
+                    return [exc] * len(batch)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 2.0)
             except Exception as exc:  # a bug: every caller gets it, the loop goes on
                 log.exception("finish pipeline failed")
-                return [exc] * len(calls)
+                return [exc] * len(batch)
             else:
                 self._outage.ok("finish")
                 return replies

@@ -30,9 +30,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
-from dtq import keys
+from dtq import calls, keys
 from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.events import make_event
@@ -40,7 +40,6 @@ from dtq.models import format_ts
 from dtq.scripts import Scripts
 from dtq.views import stale_after_ms
 from dtq.worker.outage import TRANSIENT, RedisOutage
-from dtq.worker.protocol import touch_args
 
 __all__ = ["Heartbeat"]
 
@@ -179,14 +178,7 @@ class Heartbeat:
         if not owned:
             return
         assert self._redis is not None
-        key_list, argv = touch_args(self.worker_id, owned)
-        sha = self.scripts.sha["touch"]
-        try:
-            lost_idx = self._redis.evalsha(sha, len(key_list), *key_list, *argv)
-        except NoScriptError:
-            self._redis.script_load(self.scripts.source["touch"])
-            lost_idx = self._redis.evalsha(sha, len(key_list), *key_list, *argv)
-        lost = [owned[int(i) - 1][1] for i in lost_idx]
+        lost = calls.touch_blocking(self._redis, self.scripts, self.worker_id, owned)
         if lost and self._loop is not None:
             # Most are entries finished between the snapshot and the touch; the worker keeps
             # (and logs) only those still running here.

@@ -40,10 +40,10 @@ from typing import Any, cast
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from dtq import keys
+from dtq import calls, keys
+from dtq.calls import Entry, ReadPlan, ReadReply, parse_read
 from dtq.config import Settings
 from dtq.store import Store
-from dtq.worker.protocol import Entry, ReadPlan, ReadReply, parse_read
 
 __all__ = ["BLOCK_MS", "PAUSE_REFRESH_S", "READ_BATCH", "Capacity", "Intake"]
 
@@ -198,8 +198,7 @@ class Intake:
 
     async def read(self, n: int) -> ReadReply:
         """One read.lua call for at most ``n`` entries (slots the caller holds)."""
-        reply = await self.store.scripts.call(self.redis, *self._plan.call(n))
-        got = self._plan.parse(cast(list[Any], reply))
+        got = await calls.read(self.store, self._plan, n)
         if got.paused != self._paused:
             log.info("worker %s: paused queues now %s", self.worker_id, sorted(got.paused) or "-")
             self._paused = got.paused

@@ -42,15 +42,15 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Literal, cast
 
-from dtq import admin, keys
+from dtq import admin, calls, keys
+from dtq.calls import PromoteReply, Where
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from dtq.events import make_event
 from dtq.models import format_ts
-from dtq.scripts import Call
-from dtq.store import Store, new_id
+from dtq.store import Store
 from dtq.views import stale_after_ms, worker_liveness
 from dtq.worker.consumers import drop_dead, worker_states
 from dtq.worker.outage import TRANSIENT, RedisOutage
@@ -193,27 +193,17 @@ class Scheduler:
 
     # -- phases ---------------------------------------------------------------------------------
 
-    async def _lock(self, op: str) -> bool:
-        reply = await self.store.scripts.call(
-            self.store.redis,
-            "lock",
-            [keys.SCHEDULER_LOCK],
-            [op, self.worker_id, self.lock_ttl_ms],
-        )
-        return bool(int(reply))
+    async def _lock(self, op: Literal["acquire", "release"]) -> bool:
+        return await calls.lock(self.store, op, self.worker_id, self.lock_ttl_ms)
 
     async def _promote_due(self, result: TickResult) -> None:
         stale_ms = round(self.settings.claim_stale_s * 1000)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PHASE_BUDGET_S
         while True:
-            ids, stale, _now = await self.store.scripts.call(
-                self.store.redis,
-                "claim_due",
-                [keys.RETRY_SCHEDULE, keys.RETRY_CLAIMED],
-                [CLAIM_BATCH, stale_ms],
-            )
-            result.stale_claims += int(stale)
+            claimed = await calls.claim_due(self.store, CLAIM_BATCH, stale_ms)
+            ids, stale = claimed.task_ids, claimed.stale
+            result.stale_claims += stale
             if stale:
                 log.warning("scheduler returned %s stale claim(s) to the schedule", stale)
             if not ids:
@@ -221,7 +211,7 @@ class Scheduler:
             result.claimed += len(ids)
             part = TickResult(leader=True)
             try:
-                await self._promote(list(ids), part)
+                await self._promote(ids, part)
             finally:
                 result.add(part)
             self._report(result, part)
@@ -229,7 +219,7 @@ class Scheduler:
                 return
 
     async def _promote(self, ids: Sequence[str], result: TickResult) -> None:
-        calls: list[Call] = []
+        todo: list[tuple[str, Where]] = []
         gone: list[str] = []
         labels: dict[str, tuple[str, str]] = {}
         for tid, found in zip(ids, await self._promote_keys(ids), strict=True):
@@ -237,13 +227,12 @@ class Scheduler:
                 gone.append(tid)
             else:
                 where, labels[tid] = found
-                calls.append(self._promote_call(tid, where))
+                todo.append((tid, where))
         if gone:  # the hash expired or was deleted: nothing to promote, drop the claim
             await self.store.redis.zrem(keys.RETRY_CLAIMED, *gone)
             result.skipped.extend(gone)
-        replies = await self.store.scripts.call_many(self.store.redis, calls)
-        for call, reply in zip(calls, replies, strict=True):
-            tid = str(call[2][0])
+        replies = await calls.promote_many(self.store, todo)
+        for (tid, _), reply in zip(todo, replies, strict=True):
             if isinstance(reply, TRANSIENT):
                 raise reply
             if isinstance(reply, Exception):  # left claimed: returned once the claim is stale
@@ -268,30 +257,11 @@ class Scheduler:
             for q, p, k, t in await pipe.execute()
         )
 
-    def _promote_call(self, task_id: str, where: tuple[str, int, str]) -> Call:
-        queue, priority, idem = where
-        s = self.settings
-        return (
-            "promote",
-            [
-                keys.task(task_id),
-                keys.history(task_id),
-                keys.RETRY_SCHEDULE,
-                keys.RETRY_CLAIMED,
-                keys.EXPIRY,
-                keys.stream(queue, priority),
-                keys.idempotency(queue, idem),
-                keys.payload(task_id),
-            ],
-            [task_id, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, new_id()],
-        )
-
     @staticmethod
-    def _record(task_id: str, reply: list[Any], result: TickResult) -> None:
-        kind = reply[0]
-        if kind == "queued":
-            (result.retried if reply[1] == "retrying" else result.promoted).append(task_id)
-        elif kind == "expired":
+    def _record(task_id: str, reply: PromoteReply, result: TickResult) -> None:
+        if reply.kind == "queued":
+            (result.retried if reply.status == "retrying" else result.promoted).append(task_id)
+        elif reply.kind == "expired":
             result.expired.append(task_id)
         else:
             result.skipped.append(task_id)

@@ -112,8 +112,7 @@ class Worker:
         self.dispatch = Dispatcher(
             worker_id=self.worker_id,
             settings=settings,
-            redis=self.redis,
-            scripts=self.scripts,
+            store=self.store,
             handlers=self.handlers,
             observers=self.observers,
             capacity=self.capacity,

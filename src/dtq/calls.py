@@ -1,0 +1,958 @@
+"""The Python half of every Lua script: its function here, in the order of
+:data:`dtq.scripts.SCRIPT_NAMES`. Each builds its script's KEYS (from :mod:`dtq.keys`) and ARGV
+in the order of the script's header, sends it through :class:`~dtq.scripts.Scripts` and parses
+the reply into a small frozen value; nothing else in dtq builds KEYS or ARGV or calls a script
+(``tests/unit/test_calls_module.py`` checks it). Adding an argument to a script touches its
+``.lua`` file and its function here, and nothing else.
+
+The hot-path scripts take a batch and send it in one round trip: ``submit`` (up to
+``SUBMIT_CHUNK`` tasks per call), ``start_many`` (a read batch), ``finish_many`` (the
+finisher's batch of one event-loop tick); the scheduler's ``promote_many`` and
+``expire_sweep`` likewise. The policy around a script (which tasks to send, what a refusal means
+to a user) stays with its caller: :mod:`dtq.store`, :mod:`dtq.admin`, :mod:`dtq.worker`.
+
+Every function that sends takes a :class:`Backend` (the Redis client, the loaded scripts and
+the settings; a :class:`~dtq.store.Store` is one), except :func:`touch_blocking`, which runs on
+the heartbeat's thread with its own synchronous client. Two scripts also have a builder:
+:func:`finish_call` (the worker's finisher gathers the calls of one event-loop tick before
+:func:`finish_many` sends them) and :func:`submit_calls`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import redis as redis_sync
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, ResponseError
+
+from dtq import keys
+from dtq.config import Settings
+from dtq.models import SubmitRequest
+from dtq.scripts import Call, Scripts
+
+__all__ = [
+    "RECENT_CAP",
+    "SUBMIT_CHUNK",
+    "Audit",
+    "Backend",
+    "CancelReply",
+    "Claimed",
+    "DlqReply",
+    "Entry",
+    "ExpireReply",
+    "FinishReply",
+    "Outcome",
+    "PromoteReply",
+    "PurgeCandidate",
+    "QueuePurged",
+    "ReadPlan",
+    "ReadReply",
+    "StartReply",
+    "SubmitReply",
+    "Where",
+    "cancel",
+    "claim_due",
+    "dlq_discard",
+    "dlq_purge",
+    "dlq_requeue",
+    "drop_consumers",
+    "expire",
+    "expire_sweep",
+    "finish_call",
+    "finish_many",
+    "lock",
+    "new_id",
+    "parse_read",
+    "promote_many",
+    "purge_queue",
+    "read",
+    "set_paused",
+    "start_many",
+    "submit",
+    "submit_calls",
+    "touch",
+    "touch_blocking",
+]
+
+SUBMIT_CHUNK = 32  # tasks per submit.lua call: ~0.4 ms of Redis, so no call runs long
+RECENT_CAP = 10_000  # members kept in dtq:tasks:recent (submit.lua trims to it)
+
+Where = tuple[str, int, str]
+"""(queue, priority, idempotency_key) of a task: what decides its stream and record keys."""
+
+
+class Backend(Protocol):
+    """What a script call runs against (a :class:`~dtq.store.Store` is one)."""
+
+    @property
+    def redis(self) -> Redis: ...
+
+    @property
+    def scripts(self) -> Scripts: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+
+def new_id() -> str:
+    """A random UUID4 as 32 hex digits (what ``uuid.uuid4().hex`` gives, in a third of the time:
+    a submit makes two): task ids and event ids."""
+    b = bytearray(os.urandom(16))
+    b[6] = (b[6] & 0x0F) | 0x40  # version 4
+    b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return b.hex()
+
+
+@dataclass(frozen=True)
+class Audit:
+    """Who asked for an operation: ``actor`` (e.g. ``api:<key id>``, ``cli:<user>@<host>``) and
+    the request it came with. Given to an operation, it makes the operation's script append one
+    entry to ``dtq:stream:audit`` atomically with the change."""
+
+    actor: str
+    request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.actor:
+            raise ValueError("Audit.actor must not be empty")
+
+
+def _audit(audit: Audit | None) -> list[str]:
+    """The two ARGV values (actor, request_id) every admin script takes; "" = no audit."""
+    return ["", ""] if audit is None else [audit.actor, audit.request_id or ""]
+
+
+def _flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value in ("", None) else int(value)
+
+
+# -- submit.lua ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitReply:
+    """submit.lua's answer for one task. ``kind`` "new": accepted, with its ``status``,
+    ``entry_id`` ("" when scheduled), the Redis time ``now_ms``, ``due_ms`` and
+    ``expires_at_ms``; "dup": the idempotency key's ``task_id`` (``status`` is the record's
+    state); "err": refused, ``code`` (QUEUE_FULL, IDEMPOTENCY_IN_PROGRESS) and ``detail``."""
+
+    kind: Literal["new", "dup", "err"]
+    status: str = ""
+    entry_id: str = ""
+    now_ms: int = 0
+    due_ms: int = 0
+    expires_at_ms: int | None = None
+    task_id: str = ""
+    code: str = ""
+    detail: str = ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _queue_streams(queue: str) -> list[str]:
+    """The ten stream keys of a queue (a submit call passes all ten in KEYS), built once."""
+    return keys.queue_streams(queue)
+
+
+def submit_calls(
+    reqs: Sequence[SubmitRequest], ids: Sequence[str], settings: Settings
+) -> list[Call]:
+    """The submit.lua calls of a batch: one per ``SUBMIT_CHUNK`` tasks, in order."""
+    return [
+        _submit_call(reqs[i : i + SUBMIT_CHUNK], ids[i : i + SUBMIT_CHUNK], settings)
+        for i in range(0, len(reqs), SUBMIT_CHUNK)
+    ]
+
+
+def _submit_call(reqs: Sequence[SubmitRequest], ids: Sequence[str], s: Settings) -> Call:
+    queues: dict[str, int] = {}
+    task_keys: list[str] = []
+    args: list[Any] = [
+        s.max_queue_depth,
+        s.task_retention_s,
+        s.idem_ttl_s,
+        keys.EVENTS,
+        RECENT_CAP,
+        0,  # the number of queues, below
+    ]
+    default_timeout = s.task_timeout_ms
+    for req, task_id in zip(reqs, ids, strict=True):
+        queue = req.queue
+        q = queues.get(queue)
+        if q is None:
+            q = queues[queue] = len(queues)
+        idem = req.idempotency_key
+        task_keys += (
+            keys.task(task_id),
+            keys.history(task_id),
+            keys.idempotency(queue, idem),
+            keys.payload(task_id),
+        )
+        ttl_ms = req.effective_ttl_ms()
+        exp_ms = req.expires_at_ms()
+        sched_ms = req.schedule_at_ms()
+        args += (
+            task_id,
+            req.task_type,
+            req.payload_json,
+            queue,
+            q,
+            idem or "",
+            req.max_attempts,
+            req.priority,
+            req.timeout_ms or default_timeout,
+            req.metadata_json,
+            round(req.delay_seconds * 1000),
+            "" if sched_ms is None else sched_ms,
+            "" if ttl_ms is None else ttl_ms,
+            "" if exp_ms is None else exp_ms,
+            new_id(),
+        )
+    args[5] = len(queues)
+    stream_keys = [k for queue in queues for k in _queue_streams(queue)]
+    return (
+        "submit",
+        [keys.RETRY_SCHEDULE, keys.RECENT, keys.EXPIRY, keys.QUEUES, *stream_keys, *task_keys],
+        args,
+    )
+
+
+async def submit(
+    db: Backend, reqs: Sequence[SubmitRequest], ids: Sequence[str]
+) -> list[SubmitReply]:
+    """submit.lua for ``reqs`` (task ids ``ids``), all chunks in one round trip; one reply per
+    task, in order. A Redis error in any task (a wrong-type key, out of memory) is raised, as is
+    a lost connection."""
+    chunks = await db.scripts.call_many(db.redis, submit_calls(reqs, ids, db.settings))
+    out: list[SubmitReply] = []
+    for chunk in chunks:
+        if isinstance(chunk, Exception):
+            raise chunk
+        for reply in chunk:
+            kind = reply[0]
+            if kind == "new":
+                _, status, entry_id, now_ms, due_ms, exp_ms = reply
+                exp = _int_or_none(exp_ms)
+                out.append(
+                    SubmitReply("new", status, entry_id or "", int(now_ms), int(due_ms), exp)
+                )
+            elif kind == "dup":
+                out.append(SubmitReply("dup", status=str(reply[1]), task_id=str(reply[2])))
+            elif reply[1] == "REDIS":
+                raise ResponseError(str(reply[2]))
+            else:
+                out.append(SubmitReply("err", code=str(reply[1]), detail=str(reply[2])))
+    return out
+
+
+# -- read.lua -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One delivered stream entry (contract section 2's fields)."""
+
+    stream: str
+    entry_id: str
+    task_id: str
+    queue: str
+    task_type: str
+    payload: str
+    idempotency_key: str
+    timeout_ms: int
+
+    @classmethod
+    def parse(cls, stream: str, entry_id: str, fields: Mapping[str, str] | None) -> Entry | None:
+        """The entry, or None when its fields are missing or malformed (a foreign write)."""
+        if not fields or not fields.get("task_id"):
+            return None
+        queue = fields.get("queue") or keys.stream_queue(stream)[0]
+        try:
+            timeout_ms = int(fields.get("timeout_ms") or 0)
+        except ValueError:
+            timeout_ms = 0
+        return cls(
+            stream=stream,
+            entry_id=entry_id,
+            task_id=fields["task_id"],
+            queue=queue,
+            task_type=fields.get("task_type", ""),
+            payload=fields.get("payload", ""),
+            idempotency_key=fields.get("idempotency_key", ""),
+            timeout_ms=timeout_ms,
+        )
+
+
+def parse_read(
+    reply: Sequence[Any] | None,
+) -> tuple[list[Entry], list[tuple[str, str]]]:
+    """An XREADGROUP reply -> (entries, (stream, id) of entries whose fields are unusable)."""
+    entries: list[Entry] = []
+    bad: list[tuple[str, str]] = []
+    for stream, items in reply or []:
+        for entry_id, fields in items:
+            entry = Entry.parse(stream, entry_id, fields)
+            if entry is None:
+                bad.append((stream, entry_id))
+            else:
+                entries.append(entry)
+    return entries, bad
+
+
+def _flat_fields(flat: Sequence[str] | None) -> dict[str, str]:
+    """An entry's fields as a script replies them, ``[field, value, ...]``, as a mapping."""
+    it = iter(flat or ())
+    return dict(zip(it, it, strict=False))
+
+
+@dataclass(frozen=True)
+class ReadReply:
+    """read.lua's answer: what was read, and what the poll loop does next when nothing was."""
+
+    entries: list[Entry]
+    bad: list[tuple[str, str]]  # (stream, id) of entries without usable task fields
+    nogroup: list[str]  # streams without the consumer group
+    paused: frozenset[str]  # queues whose streams were not read
+    since: dict[str, str]  # nothing read: stream -> the id to XREAD BLOCK from
+
+
+class ReadPlan:
+    """The KEYS and fixed ARGV of read.lua for one worker's queues, built once: the paused
+    flags, then every stream p9 first across the queues (strict priority, contract section 6).
+    The script relies on that order: stream k (from 1) is queue ``(k - 1) % m + 1``'s."""
+
+    def __init__(self, queues: Sequence[str], worker_id: str) -> None:
+        self.queues = list(queues)
+        self.streams = [keys.stream(q, p) for p in keys.PRIORITIES for q in self.queues]
+        self.keys = [*(keys.queue_paused(q) for q in self.queues), *self.streams]
+        self.head: list[str] = [keys.CONSUMER_GROUP, worker_id]
+        self.m = str(len(self.queues))
+
+
+async def read(db: Backend, plan: ReadPlan, count: int) -> ReadReply:
+    """read.lua: at most ``count`` entries (the slots the caller reserved) of ``plan``'s
+    streams."""
+    got, nogroup, paused, since = await db.scripts.call(
+        db.redis, "read", plan.keys, [*plan.head, count, plan.m]
+    )
+    streams = plan.streams
+    # {k, items, ...} with flat fields, reshaped as redis-py gives XREADGROUP for parse_read.
+    entries, bad = parse_read(
+        [
+            (streams[int(got[i]) - 1], [(eid, _flat_fields(f)) for eid, f in got[i + 1]])
+            for i in range(0, len(got), 2)
+        ]
+    )
+    return ReadReply(
+        entries,
+        bad,
+        [streams[int(k) - 1] for k in nogroup],
+        frozenset(plan.queues[int(q) - 1] for q in paused),
+        {streams[int(since[i]) - 1]: str(since[i + 1]) for i in range(0, len(since), 2)},
+    )
+
+
+# -- start.lua ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartReply:
+    """start.lua's answer. ``kind`` is run, missing, terminal, cancelled, duplicate, expired,
+    dead or fenced (the entry is not pending for this worker); the numbers are set for
+    ``run``."""
+
+    kind: str
+    detail: str = ""
+    attempt: int = 0
+    max_attempts: int = 0
+    timeout_ms: int = 0
+    expires_at_ms: int | None = None
+    created_ms: int | None = None
+    started_ms: int = 0
+
+    @classmethod
+    def parse(cls, reply: Sequence[Any]) -> StartReply:
+        kind = str(reply[0])
+        if kind != "run":
+            return cls(kind, str(reply[1]) if len(reply) > 1 else "")
+        _, attempt, max_attempts, timeout_ms, exp_ms, created_ms, started_ms = reply
+        return cls(
+            kind,
+            attempt=int(attempt),
+            max_attempts=int(max_attempts),
+            timeout_ms=int(timeout_ms),
+            expires_at_ms=_int_or_none(exp_ms),
+            created_ms=_int_or_none(created_ms),
+            started_ms=int(started_ms),
+        )
+
+
+async def start_many(
+    db: Backend, entries: Sequence[Entry], worker_id: str
+) -> list[StartReply | Exception]:
+    """start.lua for every entry of a read batch, in one round trip; the reply or the error of
+    each, in order. A lost connection is raised."""
+    s = db.settings
+    dlq = _flag(s.dlq_enabled)
+    calls: list[Call] = [
+        (
+            "start",
+            [
+                keys.task(e.task_id),
+                keys.history(e.task_id),
+                e.stream,
+                keys.CANCELLED,
+                keys.EXPIRY,
+                keys.idempotency(e.queue, e.idempotency_key),
+                keys.DEAD_LETTER,
+                keys.payload(e.task_id),
+            ],
+            [
+                e.task_id,
+                e.entry_id,
+                worker_id,
+                keys.CONSUMER_GROUP,
+                s.task_retention_s,
+                s.idem_ttl_s,
+                keys.EVENTS,
+                new_id(),
+                dlq,
+                s.dlq_maxlen,
+            ],
+        )
+        for e in entries
+    ]
+    replies = await db.scripts.call_many(db.redis, calls)
+    return [r if isinstance(r, Exception) else StartReply.parse(r) for r in replies]
+
+
+# -- finish.lua ---------------------------------------------------------------------------------
+
+OutcomeKind = Literal["success", "error", "reschedule", "cancelled"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one execution ended, as finish.lua records it."""
+
+    kind: OutcomeKind
+    duration_ms: int = 0
+    result_json: str = ""
+    result_too_large: bool = False
+    error_class: str = ""
+    error_message: str = ""
+    retryable: bool = False
+    delay_ms: int = 0
+    extend_ms: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishReply:
+    """finish.lua's answer: ``status`` is the task's new status, or "fenced" (nothing written:
+    another worker owns the entry; ``detail`` says why); a retry's ``detail`` is its delay in
+    ms."""
+
+    status: str
+    detail: str = ""
+
+
+# The usual replies, built once: a finish allocates no reply of its own.
+_FINISHED = {s: FinishReply(s) for s in ("succeeded", "failed", "dead_lettered", "cancelled")}
+
+
+def finish_call(
+    entry: Entry, attempt: int, outcome: Outcome, worker_id: str, settings: Settings
+) -> Call:
+    """The finish.lua call of one execution (sent in a batch by :func:`finish_many`)."""
+    s = settings
+    return (
+        "finish",
+        [
+            keys.task(entry.task_id),
+            keys.history(entry.task_id),
+            entry.stream,
+            keys.RETRY_SCHEDULE,
+            keys.EXPIRY,
+            keys.idempotency(entry.queue, entry.idempotency_key),
+            keys.DEAD_LETTER,
+            keys.result(entry.task_id),
+            keys.CANCELLED,
+            keys.payload(entry.task_id),
+        ],
+        [
+            entry.task_id,
+            entry.entry_id,
+            worker_id,
+            keys.CONSUMER_GROUP,
+            attempt,
+            outcome.kind,
+            outcome.result_json,
+            _flag(outcome.result_too_large),
+            outcome.error_class,
+            outcome.error_message,
+            _flag(outcome.retryable),
+            outcome.delay_ms,
+            "" if outcome.extend_ms is None else outcome.extend_ms,
+            outcome.duration_ms,
+            s.task_retention_s,
+            s.result_retention_s,
+            s.idem_ttl_s,
+            keys.EVENTS,
+            new_id(),
+            _flag(s.dlq_enabled),
+            s.dlq_maxlen,
+        ],
+    )
+
+
+async def finish_many(db: Backend, calls: Sequence[Call]) -> list[FinishReply | Exception]:
+    """finish.lua calls built by :func:`finish_call`, in one round trip; the reply or the error
+    of each, in order. A lost connection is raised."""
+    out: list[FinishReply | Exception] = []
+    for r in await db.scripts.call_many(db.redis, calls):
+        if isinstance(r, Exception):
+            out.append(r)
+            continue
+        status, detail = str(r[0]), str(r[1])
+        usual = _FINISHED.get(status) if detail == "" else None
+        out.append(usual if usual is not None else FinishReply(status, detail))
+    return out
+
+
+# -- touch.lua ----------------------------------------------------------------------------------
+
+
+def _touch_args(worker_id: str, owned: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    return (
+        [stream for stream, _ in owned],
+        [keys.CONSUMER_GROUP, worker_id, *(entry_id for _, entry_id in owned)],
+    )
+
+
+async def touch(db: Backend, worker_id: str, owned: Sequence[tuple[str, str]]) -> list[str]:
+    """touch.lua: renew the leases of ``owned`` ((stream, entry id) pairs) where this worker
+    still owns them; returns the entry ids it no longer owns."""
+    key_list, argv = _touch_args(worker_id, owned)
+    lost = await db.scripts.call(db.redis, "touch", key_list, argv)
+    return [owned[int(i) - 1][1] for i in lost]
+
+
+def touch_blocking(
+    client: redis_sync.Redis, scripts: Scripts, worker_id: str, owned: Sequence[tuple[str, str]]
+) -> list[str]:
+    """touch.lua as :func:`touch` does, from the heartbeat's thread with its own synchronous
+    client (so a handler that blocks the event loop cannot stop the heartbeat)."""
+    key_list, argv = _touch_args(worker_id, owned)
+    sha = scripts.sha["touch"]
+    try:
+        lost = client.evalsha(sha, len(key_list), *key_list, *argv)
+    except NoScriptError:
+        client.script_load(scripts.source["touch"])
+        lost = client.evalsha(sha, len(key_list), *key_list, *argv)
+    return [owned[int(i) - 1][1] for i in lost]
+
+
+# -- claim_due.lua ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """claim_due.lua's answer: the task ids claimed now, how many stale claims went back to the
+    schedule, and the Redis time."""
+
+    task_ids: list[str]
+    stale: int
+    now_ms: int
+
+
+async def claim_due(db: Backend, limit: int, stale_ms: int) -> Claimed:
+    """claim_due.lua: move at most ``limit`` due schedule members to the claimed set, after
+    returning claims older than ``stale_ms`` to the schedule."""
+    ids, stale, now_ms = await db.scripts.call(
+        db.redis, "claim_due", [keys.RETRY_SCHEDULE, keys.RETRY_CLAIMED], [limit, stale_ms]
+    )
+    return Claimed([str(i) for i in ids], int(stale), int(now_ms))
+
+
+# -- promote.lua --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PromoteReply:
+    """promote.lua's answer: ``kind`` queued (``status`` is the status it left: pending or
+    retrying), expired (likewise), or skip (``status`` says why: not_claimed, gone, or the
+    task's status)."""
+
+    kind: str
+    status: str
+
+
+async def promote_many(
+    db: Backend, tasks: Sequence[tuple[str, Where]]
+) -> list[PromoteReply | Exception]:
+    """promote.lua for each claimed (task id, where) in one round trip; the reply or the error
+    of each, in order."""
+    s = db.settings
+    calls: list[Call] = [
+        (
+            "promote",
+            [
+                keys.task(task_id),
+                keys.history(task_id),
+                keys.RETRY_SCHEDULE,
+                keys.RETRY_CLAIMED,
+                keys.EXPIRY,
+                keys.stream(queue, priority),
+                keys.idempotency(queue, idem),
+                keys.payload(task_id),
+            ],
+            [task_id, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, new_id()],
+        )
+        for task_id, (queue, priority, idem) in tasks
+    ]
+    return [
+        r if isinstance(r, Exception) else PromoteReply(str(r[0]), str(r[1]))
+        for r in await db.scripts.call_many(db.redis, calls)
+    ]
+
+
+# -- expire.lua ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExpireReply:
+    """expire.lua's answer for one task: ``kind`` expired (``status``: the status it left;
+    ``queue``, ``task_type``), skip (``status``: why), keys (it needs its stream and
+    idempotency keys: ``where``), not_found, or status (``status``: its status, which cannot
+    expire)."""
+
+    kind: Literal["expired", "skip", "keys", "not_found", "status"]
+    status: str = ""
+    queue: str = ""
+    task_type: str = ""
+    where: Where | None = None
+
+
+def _expire_call(
+    s: Settings, tasks: Sequence[tuple[str, Where | None]], mode: str, audit: Audit | None
+) -> Call:
+    """One expire.lua call for (task id, where) pairs. A task whose ``where`` is not known yet
+    gets its hash, history and payload keys only (see the script's header)."""
+    key_list = [keys.RETRY_SCHEDULE, keys.RETRY_CLAIMED, keys.EXPIRY, keys.AUDIT]
+    argv: list[Any] = [mode, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, *_audit(audit)]
+    for task_id, where in tasks:
+        key_list += [keys.task(task_id), keys.history(task_id), keys.payload(task_id)]
+        if where is None:
+            argv += [task_id, new_id(), 3]
+        else:
+            queue, priority, idem = where
+            key_list += [keys.stream(queue, priority), keys.idempotency(queue, idem)]
+            argv += [task_id, new_id(), 5]
+    return ("expire", key_list, argv)
+
+
+def _expire_reply(one: Sequence[Any]) -> ExpireReply:
+    kind = one[0]
+    if kind == "expired":
+        return ExpireReply("expired", str(one[1]), str(one[2]), str(one[3]))
+    if kind == "keys":
+        return ExpireReply("keys", where=(str(one[1]), int(one[2]), str(one[3] or "")))
+    if kind == "skip":
+        return ExpireReply("skip", str(one[1]))
+    if one[1] == "NOT_FOUND":
+        return ExpireReply("not_found")
+    return ExpireReply("status", str(one[2]))
+
+
+async def expire(db: Backend, task_id: str, where: Where, audit: Audit | None) -> ExpireReply:
+    """expire.lua in "manual" mode: mark one not-started task EXPIRED now."""
+    call = _expire_call(db.settings, [(task_id, where)], "manual", audit)
+    (reply,) = await db.scripts.call(db.redis, *call)
+    return _expire_reply(reply)
+
+
+async def expire_sweep(
+    db: Backend, task_ids: Sequence[str], per_call: int
+) -> dict[str, tuple[str, str]]:
+    """expire.lua in "sweep" mode (only what is due) for ``task_ids``, ``per_call`` tasks per
+    call, all calls in one round trip. The tasks are not read first: those that need their
+    stream or idempotency record come back with what their keys are made of and go in a second
+    round trip. Returns (queue, task_type) of each task marked EXPIRED, by task id."""
+    expired: dict[str, tuple[str, str]] = {}
+    todo: list[tuple[str, Where | None]] = [(tid, None) for tid in task_ids]
+    while todo:
+        chunks = [todo[i : i + per_call] for i in range(0, len(todo), per_call)]
+        calls = [_expire_call(db.settings, chunk, "sweep", None) for chunk in chunks]
+        todo = []
+        for chunk, reply in zip(chunks, await db.scripts.call_many(db.redis, calls), strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            for (task_id, _), one in zip(chunk, reply, strict=True):
+                got = _expire_reply(one)
+                if got.kind == "expired":
+                    expired[task_id] = (got.queue, got.task_type)
+                elif got.where is not None:
+                    todo.append((task_id, got.where))
+    return expired
+
+
+# -- cancel.lua ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CancelReply:
+    """cancel.lua's answer: ``kind`` cancelled (``status``: the status it left), requested (it
+    runs: its worker stops it), not_found, or terminal (``status``: its status)."""
+
+    kind: Literal["cancelled", "requested", "not_found", "terminal"]
+    status: str = ""
+
+
+async def cancel(
+    db: Backend, task_id: str, where: Where, reason: str, audit: Audit | None
+) -> CancelReply:
+    """cancel.lua: cancel one task, or ask its worker to stop it (``reason`` goes to its
+    history)."""
+    queue, priority, idem = where
+    s = db.settings
+    reply = await db.scripts.call(
+        db.redis,
+        "cancel",
+        [
+            keys.task(task_id),
+            keys.history(task_id),
+            keys.RETRY_SCHEDULE,
+            keys.RETRY_CLAIMED,
+            keys.EXPIRY,
+            keys.stream(queue, priority),
+            keys.CANCELLED,
+            keys.idempotency(queue, idem),
+            keys.AUDIT,
+            keys.payload(task_id),
+        ],
+        [task_id, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, new_id(), reason, *_audit(audit)],
+    )
+    kind = reply[0]
+    if kind == "cancelled":
+        return CancelReply("cancelled", str(reply[1]))
+    if kind == "requested":
+        return CancelReply("requested")
+    if reply[1] == "NOT_FOUND":
+        return CancelReply("not_found")
+    return CancelReply("terminal", str(reply[2]))
+
+
+# -- dlq_requeue.lua, dlq_discard.lua, dlq_purge.lua --------------------------------------------
+
+
+@dataclass(frozen=True)
+class DlqReply:
+    """dlq_requeue.lua's or dlq_discard.lua's answer: ``ok`` (requeued or discarded), else the
+    refusal's ``code`` (NOT_FOUND, STATUS, STALE, DEADLINE) and ``detail`` (the status, or the
+    passed expires_at)."""
+
+    ok: bool
+    code: str = ""
+    detail: str = ""
+
+
+def _dlq_reply(reply: Sequence[Any], ok: str) -> DlqReply:
+    if reply[0] == ok:
+        return DlqReply(True)
+    return DlqReply(False, str(reply[1]), str(reply[2]) if len(reply) > 2 else "")
+
+
+async def dlq_requeue(
+    db: Backend,
+    task_id: str,
+    queue: str,
+    idempotency_key: str,
+    metadata_read: str,
+    metadata_new: str,
+    dlq_entry_id: str,
+    audit: Audit | None,
+) -> DlqReply:
+    """dlq_requeue.lua: a DEAD_LETTERED task back to QUEUED with ``metadata_new``, if its
+    metadata is still ``metadata_read`` (``dlq_entry_id``: its DLQ entry when the hash names
+    none, "" otherwise)."""
+    s = db.settings
+    reply = await db.scripts.call(
+        db.redis,
+        "dlq_requeue",
+        [
+            keys.task(task_id),
+            keys.history(task_id),
+            keys.DEAD_LETTER,
+            keys.idempotency(queue, idempotency_key),
+            keys.AUDIT,
+            keys.EXPIRY,
+            *keys.queue_streams(queue),
+            keys.payload(task_id),
+        ],
+        [
+            task_id,
+            metadata_read,
+            metadata_new,
+            dlq_entry_id,
+            s.task_retention_s,
+            s.idem_ttl_s,
+            keys.EVENTS,
+            new_id(),
+            *_audit(audit),
+        ],
+    )
+    return _dlq_reply(reply, "queued")
+
+
+async def dlq_discard(
+    db: Backend,
+    task_id: str,
+    metadata_read: str,
+    metadata_new: str,
+    dlq_entry_id: str,
+    audit: Audit | None,
+) -> DlqReply:
+    """dlq_discard.lua: drop the task's DLQ entry and set ``metadata_new``, if its metadata is
+    still ``metadata_read``."""
+    reply = await db.scripts.call(
+        db.redis,
+        "dlq_discard",
+        [
+            keys.task(task_id),
+            keys.history(task_id),
+            keys.DEAD_LETTER,
+            keys.AUDIT,
+            keys.payload(task_id),
+        ],
+        [
+            task_id,
+            metadata_read,
+            metadata_new,
+            dlq_entry_id,
+            db.settings.task_retention_s,
+            *_audit(audit),
+        ],
+    )
+    return _dlq_reply(reply, "discarded")
+
+
+async def dlq_purge(
+    db: Backend, rows: Sequence[tuple[str, str, str, str]], audit: Audit | None
+) -> int:
+    """dlq_purge.lua for one chunk of DLQ entries, (entry id, task id, metadata read, new
+    metadata or "") each; with no rows, only the audit entry is written. Returns how many
+    entries were removed."""
+    call_keys = [keys.DEAD_LETTER, keys.AUDIT]
+    args: list[Any] = [*_audit(audit), db.settings.task_retention_s]
+    for entry_id, task_id, metadata_read, metadata_new in rows:
+        call_keys += [keys.task(task_id), keys.history(task_id), keys.payload(task_id)]
+        args += [entry_id, task_id, metadata_read, metadata_new]
+    removed, _marked = await db.scripts.call(db.redis, "dlq_purge", call_keys, args)
+    return int(removed)
+
+
+# -- set_paused.lua -----------------------------------------------------------------------------
+
+
+async def set_paused(db: Backend, queue: str, paused: bool, audit: Audit | None) -> bool:
+    """set_paused.lua: pause or resume ``queue``; True when the state changed."""
+    reply = await db.scripts.call(
+        db.redis,
+        "set_paused",
+        [keys.queue_paused(queue), keys.QUEUES, keys.AUDIT],
+        [queue, _flag(paused), keys.EVENTS, new_id(), *_audit(audit)],
+    )
+    return bool(reply)
+
+
+# -- purge_queue.lua ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PurgeCandidate:
+    """One task a queue purge sends: ``entry_id`` and ``band`` of the stream entry seen ("" for
+    a schedule member), its idempotency key, and the metadata read and to write ("" both for a
+    hash that is gone: its orphan entry or member is removed)."""
+
+    task_id: str
+    entry_id: str
+    band: str
+    idempotency_key: str
+    metadata_read: str
+    metadata_new: str
+
+
+@dataclass(frozen=True)
+class QueuePurged:
+    """purge_queue.lua's answer: how many tasks it cancelled, and the ids whose metadata changed
+    since it was read (sent again after a new read)."""
+
+    cancelled: int
+    stale: set[str]
+
+
+async def purge_queue(
+    db: Backend, queue: str, candidates: Sequence[PurgeCandidate], audit: Audit | None
+) -> QueuePurged:
+    """purge_queue.lua for one chunk of ``queue``'s candidates; with none, only the audit entry
+    is written."""
+    s = db.settings
+    call_keys = [
+        keys.RETRY_SCHEDULE,
+        keys.RETRY_CLAIMED,
+        keys.EXPIRY,
+        keys.CANCELLED,
+        keys.AUDIT,
+        *keys.queue_streams(queue),
+    ]
+    args: list[Any] = [queue, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, *_audit(audit)]
+    for c in candidates:
+        call_keys += [
+            keys.task(c.task_id),
+            keys.history(c.task_id),
+            keys.idempotency(queue, c.idempotency_key),
+            keys.payload(c.task_id),
+        ]
+        args += [c.task_id, c.entry_id, c.band, new_id(), c.metadata_read, c.metadata_new]
+    reply = await db.scripts.call(db.redis, "purge_queue", call_keys, args)
+    return QueuePurged(int(reply[0]), {str(t) for t in reply[1:]})
+
+
+# -- lock.lua -----------------------------------------------------------------------------------
+
+
+async def lock(
+    db: Backend, op: Literal["acquire", "refresh", "release"], owner: str, ttl_ms: int
+) -> bool:
+    """lock.lua: the scheduler's leader lock; True when, after the call, it is ``owner``'s
+    (acquire, refresh) or was and is now released (release)."""
+    reply = await db.scripts.call(db.redis, "lock", [keys.SCHEDULER_LOCK], [op, owner, ttl_ms])
+    return bool(int(reply))
+
+
+# -- drop_consumers.lua -------------------------------------------------------------------------
+
+
+async def drop_consumers(
+    db: Backend, drops: Sequence[tuple[str, Sequence[str]]], min_idle_ms: int = 0
+) -> list[list[str] | Exception]:
+    """drop_consumers.lua for each (stream, consumer names) in one round trip: delete those that
+    hold no pending entry and are idle ``min_idle_ms``; the names deleted (or the error) of each
+    stream, in order."""
+    calls: list[Call] = [
+        ("drop_consumers", [stream], [keys.CONSUMER_GROUP, min_idle_ms, *consumers])
+        for stream, consumers in drops
+    ]
+    return [
+        r if isinstance(r, Exception) else [str(c) for c in r]
+        for r in await db.scripts.call_many(db.redis, calls)
+    ]
