@@ -1,5 +1,27 @@
 """The dtq worker: ``run_worker`` (what ``dtq worker run`` calls, and ``python -m dtq.worker``
-through it) and :class:`Worker`, the engine (see :mod:`dtq.worker.worker`)."""
+through it) and :class:`Worker`, the engine.
+
+One task's path, file by file; each step calls only the next ones, and every script goes
+through :mod:`dtq.calls`:
+
+1. ``worker.py`` (:class:`Worker`): the loops (poll, reaper, cancel watcher, finisher,
+   scheduler, heartbeat) and the ordered shutdown;
+2. ``intake.py``: entries come in: read.lua for the poll loops, ``XAUTOCLAIM`` for the reaper,
+   ``XCLAIM`` of a dead process's entries, each read within slots reserved from the executor;
+3. ``execution.py`` (:class:`~dtq.worker.execution.Executor`): the slots, start.lua for each
+   read batch, one asyncio task per started entry (the lease check, then the handler under
+   its timeout), cancel requests and lost leases;
+4. ``handlers.py``: what a handler gets (its payload and TaskContext) and how its end becomes
+   an outcome; the threads of sync handlers;
+5. ``finish.py`` (:class:`~dtq.worker.finish.Finisher`): finish.lua in one pipeline per
+   event-loop tick, the replies, the counts and the end events.
+
+Beside the path: ``heartbeat.py`` (its own thread: touch.lua and the worker hash),
+``scheduler.py`` and ``consumers.py`` (the leader's promotions, expiry sweep, stale workers and
+idle consumers), ``observer.py`` (the lifecycle events and their hooks), ``telemetry.py``
+(metrics and logs as observers), ``outage.py`` (the one "Redis unavailable" reporter),
+``supervisor.py`` (``--processes``), ``connection.py`` (the Redis client).
+"""
 
 from __future__ import annotations
 

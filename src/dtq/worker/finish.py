@@ -22,11 +22,10 @@ from dtq.calls import Entry, FinishReply, Outcome, StartReply
 from dtq.config import Settings
 from dtq.scripts import Call
 from dtq.store import Store
-from dtq.worker.handlers import attempt_result
 from dtq.worker.observer import TaskFinished, TaskSkipped, WorkerObserver
 from dtq.worker.outage import TRANSIENT, RedisOutage
 
-__all__ = ["FINISH_BATCH_MAX", "Finisher"]
+__all__ = ["FINISH_BATCH_MAX", "Finisher", "attempt_result"]
 
 log = logging.getLogger("dtq.worker.worker")
 
@@ -221,3 +220,19 @@ def _finished_event(
         latency_ms,
         outcome.delay_ms if status == "retrying" else 0,
     )
+
+
+def attempt_result(outcome: Outcome, ran: bool) -> str:
+    """success | failure | timeout | error (:mod:`dtq.worker.observer`); ``ran``: the handler
+    was called."""
+    if outcome.kind == "success":
+        return "success"
+    if outcome.kind == "reschedule":
+        return "failure"
+    if outcome.kind == "cancelled":
+        return "error"
+    if not ran or outcome.error_class == "ResultNotSerializable":
+        return "error"
+    if outcome.error_class == "TimeoutError":
+        return "timeout"
+    return "failure"

@@ -9,8 +9,7 @@ nothing of Redis:
   several processes). A thread that timed out or was cancelled runs on: Python cannot stop it,
   so its slot stays taken until it returns and concurrency stays bounded;
 - :func:`succeeded`, :func:`rescheduled`, :func:`failed`: how a run ended, as finish.lua
-  records it (an :class:`~dtq.calls.Outcome`; errors classified by :mod:`dtq.retry`),
-  and :func:`attempt_result`, the same end as the metrics name it.
+  records it (an :class:`~dtq.calls.Outcome`; errors classified by :mod:`dtq.retry`).
 """
 
 from __future__ import annotations
@@ -37,8 +36,8 @@ from dtq_tasks import Handler, RescheduleError, TaskContext
 __all__ = [
     "Prepared",
     "ThreadRunner",
-    "attempt_result",
     "failed",
+    "ms_since",
     "prepare",
     "rescheduled",
     "succeeded",
@@ -150,22 +149,6 @@ def failed(
         retryable=retryable,
         delay_ms=delay_ms,
     )
-
-
-def attempt_result(outcome: Outcome, ran: bool) -> str:
-    """success | failure | timeout | error (:mod:`dtq.worker.observer`); ``ran``: the handler
-    was called."""
-    if outcome.kind == "success":
-        return "success"
-    if outcome.kind == "reschedule":
-        return "failure"
-    if outcome.kind == "cancelled":
-        return "error"
-    if not ran or outcome.error_class == "ResultNotSerializable":
-        return "error"
-    if outcome.error_class == "TimeoutError":
-        return "timeout"
-    return "failure"
 
 
 def ms_since(t0: float) -> int:
