@@ -28,7 +28,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -102,8 +102,8 @@ class Execution:
 
     ``cancel_reason``: ``user`` (a cancel request: finished CANCELLED), ``shutdown`` (the drain
     timeout passed) or ``lost`` (another worker holds the entry): the last two write nothing
-    and leave the entry pending for a peer. ``holds``: what keeps its slot taken, the
-    execution and (a sync handler) its thread; the slot is given back when both are done.
+    and leave the entry pending for a peer. ``holds``: how many of the execution and (a sync
+    handler) its thread are still going; the slot is given back when both are done.
     """
 
     entry: Entry
@@ -112,7 +112,7 @@ class Execution:
     cancel_reason: str | None = None
     finishing: bool = False
     handler_started: bool = False  # the lease check passed and the handler was called
-    holds: set[str] = field(default_factory=lambda: {"execution"})
+    holds: int = 1  # the execution itself
 
     @property
     def attempt(self) -> int:
@@ -260,7 +260,8 @@ class Executor:
                 )
                 return
             ex.finishing = True
-            await self.finisher.record(entry, ex.start, outcome, ex.handler_task is not None)
+            reply = await asyncio.shield(self.finisher.submit(entry, ex.start, outcome))
+            self.finisher.recorded(entry, ex.start, outcome, ex.handler_task is not None, reply)
         except Exception:  # a bug here must not kill the worker; the entry stays pending
             log.exception(
                 "task %s attempt %d: execution failed inside the worker; the entry is left "
@@ -270,7 +271,7 @@ class Executor:
             )
         finally:
             self.inflight.pop(entry.entry_id, None)
-            self._drop(ex, "execution")
+            self._drop(ex)
 
     async def _run(self, ex: Execution) -> Outcome | None:
         """Run one started entry's handler; None when it was stopped for shutdown or a lost
@@ -319,7 +320,7 @@ class Executor:
             async with asyncio.timeout(call.timeout_s):
                 return await handler.fn(call.payload, call.ctx)
         fut = self.threads.submit(handler.fn, call.payload, call.ctx)
-        ex.holds.add("thread")
+        ex.holds += 1  # the thread, dropped when it returns
         fut.add_done_callback(partial(self._thread_done, ex))
         async with asyncio.timeout(call.timeout_s):
             return await asyncio.shield(fut)
@@ -327,14 +328,14 @@ class Executor:
     def _thread_done(self, ex: Execution, fut: asyncio.Future[Any]) -> None:
         if not fut.cancelled():
             fut.exception()  # retrieved: a result nobody waits for any more is discarded
-        self._drop(ex, "thread")
+        self._drop(ex)
 
-    def _drop(self, ex: Execution, hold: str) -> None:
-        """``hold`` of ``ex`` is over; its slot comes back once nothing holds it."""
-        if hold in ex.holds:
-            ex.holds.discard(hold)
-            if not ex.holds:
-                self._capacity.release()
+    def _drop(self, ex: Execution) -> None:
+        """One hold of ``ex`` is over (each is dropped once); its slot comes back with the
+        last."""
+        ex.holds -= 1
+        if not ex.holds:
+            self._capacity.release()
 
     async def _lease_held(self, ex: Execution) -> bool:
         """Right before a handler starts: is the lease still this worker's? start.lua renewed

@@ -1,9 +1,10 @@
 """How every entry's end is recorded and told (contract sections 4, 6; DESIGN 3).
 
-- An execution that ended (:meth:`Finisher.record`): its finish script joins the next
-  pipeline; everything submitted in one event-loop tick goes to Redis together, never one
-  awaited call per task. A lost connection is retried, since the script is fenced and atomic.
-  The reply is logged and counted, and :class:`~dtq.worker.observer.TaskFinished` told.
+- An execution that ended (:meth:`Finisher.submit`, then :meth:`Finisher.recorded` with the
+  reply): its finish script joins the next pipeline; everything submitted in one event-loop
+  tick goes to Redis together, never one awaited call per task. A lost connection is retried,
+  since the script is fenced and atomic. The reply is logged and counted, and
+  :class:`~dtq.worker.observer.TaskFinished` told.
 - An entry its start consumed without running it (:meth:`Finisher.skipped`): logged, counted
   and :class:`~dtq.worker.observer.TaskSkipped` told.
 
@@ -92,11 +93,27 @@ class Finisher:
             for obs in self.observers:
                 obs.task_skipped(event)
 
-    async def record(self, entry: Entry, start: StartReply, outcome: Outcome, ran: bool) -> str:
-        """Record how an execution ended (``ran``: its handler was called); returns the status
-        finish.lua recorded, ``fenced``, or ``error`` (the finish could not be sent)."""
+    def submit(
+        self, entry: Entry, start: StartReply, outcome: Outcome
+    ) -> asyncio.Future[FinishReply | Exception]:
+        """Queue the finish of one execution for the next pipeline; the future gets
+        finish.lua's reply or the error. Its caller shields the wait: the call is sent anyway."""
         call = calls.finish_call(entry, start.attempt, outcome, self.worker_id, self.settings)
-        reply = await asyncio.shield(self._submit(call, entry.task_id))
+        fut: asyncio.Future[FinishReply | Exception] = asyncio.get_running_loop().create_future()
+        self._items.append((call, entry.task_id, fut))
+        self._wake.set()
+        return fut
+
+    def recorded(
+        self,
+        entry: Entry,
+        start: StartReply,
+        outcome: Outcome,
+        ran: bool,
+        reply: FinishReply | Exception,
+    ) -> str:
+        """The reply of a finish (``ran``: the handler was called): logged, counted and told;
+        returns the status finish.lua recorded, ``fenced``, or ``error`` (not sent)."""
         status = self._status(entry, start.attempt, outcome.kind, reply)
         if self.observers:
             event = _finished_event(entry, start, status, outcome, ran)
@@ -135,14 +152,6 @@ class Finisher:
         return status
 
     # -- the pipeline ---------------------------------------------------------------------------
-
-    def _submit(self, call: Call, task_id: str) -> asyncio.Future[FinishReply | Exception]:
-        """Queue one :func:`dtq.calls.finish_call` call (of task ``task_id``) for the next
-        batch; the future gets its reply or its error."""
-        fut: asyncio.Future[FinishReply | Exception] = asyncio.get_running_loop().create_future()
-        self._items.append((call, task_id, fut))
-        self._wake.set()
-        return fut
 
     def close(self) -> None:
         """Flush what is queued, then let :meth:`run` return."""

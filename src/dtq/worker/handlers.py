@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Prepared:
     """What one handler call gets: its validated payload, its context, its timeout."""
 
