@@ -9,10 +9,10 @@ through :mod:`dtq.calls`:
 2. ``intake.py``: entries come in: read.lua for the poll loops, ``XAUTOCLAIM`` for the reaper,
    ``XCLAIM`` of a dead process's entries, each read within slots reserved from the executor;
 3. ``execution.py`` (:class:`~dtq.worker.execution.Executor`): the slots, start.lua for each
-   read batch, one asyncio task per started entry (the lease check, then the handler under
-   its timeout), cancel requests and lost leases;
-4. ``handlers.py``: what a handler gets (its payload and TaskContext) and how its end becomes
-   an outcome; the threads of sync handlers;
+   read batch, one asyncio task per started entry, cancel requests and lost leases;
+4. ``handlers.py`` (:class:`~dtq.worker.handlers.Runner`): the run of one entry: what its
+   handler gets (payload, TaskContext), the lease check right before it, the handler under
+   its timeout (a sync one on a thread), how it ended as an outcome;
 5. ``finish.py`` (:class:`~dtq.worker.finish.Finisher`): finish.lua in one pipeline per
    event-loop tick, the replies, the counts and the end events.
 

@@ -4,11 +4,9 @@
 1. **start** (:meth:`Executor.start`): the start scripts of a read batch go to Redis in one
    pipeline; an entry that does not run (already terminal, cancelled, expired, a duplicate...)
    gives its slot back at once;
-2. **run**: each started entry runs as its own asyncio task. The handler's arguments come from
-   :func:`dtq.worker.handlers.prepare`; right before the handler is called the lease is
-   checked (:meth:`Executor._lease_held`); the handler runs under ``timeout_ms`` (a sync one
-   on a thread of :class:`~dtq.worker.handlers.ThreadRunner`); how it ended becomes an
-   outcome;
+2. **run**: each started entry runs as its own asyncio task, through
+   :meth:`Runner.run <dtq.worker.handlers.Runner.run>` (its arguments, the lease check right
+   before the handler, the handler under ``timeout_ms``, how it ended as an outcome);
 3. **finish**: how it ended goes to :class:`~dtq.worker.finish.Finisher`, which records it
    (the finish script in its next pipeline) and tells it; so does an entry that did not run.
 
@@ -26,26 +24,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from dtq import calls, keys
-from dtq.calls import Entry, Outcome, StartReply
+from dtq.calls import Entry, StartReply
 from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.log import bind as bind_log_fields
 from dtq.store import Store
-from dtq.worker import handlers
 from dtq.worker.finish import Finisher
-from dtq.worker.handlers import Prepared, ThreadRunner
+from dtq.worker.handlers import Execution, Runner, ThreadRunner
 from dtq.worker.observer import TaskStarted, WorkerObserver
-from dtq.worker.outage import TRANSIENT, RedisOutage
-from dtq_tasks import Handler, RescheduleError
+from dtq.worker.outage import RedisOutage
+from dtq_tasks import Handler
 
-__all__ = ["Capacity", "Execution", "Executor", "wait_first"]
+__all__ = ["Capacity", "Executor", "wait_first"]
 
 log = logging.getLogger("dtq.worker.worker")
 
@@ -96,44 +90,6 @@ class Capacity:
             self._changed.set()
 
 
-@dataclass(eq=False)
-class Execution:
-    """One started entry, from its start reply until its finish reply.
-
-    ``cancel_reason``: ``user`` (a cancel request: finished CANCELLED), ``shutdown`` (the drain
-    timeout passed) or ``lost`` (another worker holds the entry): the last two write nothing
-    and leave the entry pending for a peer. ``holds``: how many of the execution and (a sync
-    handler) its thread are still going; the slot is given back when both are done.
-    """
-
-    entry: Entry
-    start: StartReply
-    handler_task: asyncio.Task[Any] | None = None
-    cancel_reason: str | None = None
-    finishing: bool = False
-    handler_started: bool = False  # the lease check passed and the handler was called
-    holds: int = 1  # the execution itself
-
-    @property
-    def attempt(self) -> int:
-        return self.start.attempt
-
-    def cancel(self, reason: str) -> bool:
-        """Stop the handler (not the bookkeeping); False when it is past that point."""
-        if self.finishing or self.cancel_reason is not None:
-            return False
-        if self.handler_task is not None and self.handler_task.done():
-            return False  # the handler has ended: its outcome is about to be recorded
-        self.cancel_reason = reason
-        if self.handler_task is not None:
-            self.handler_task.cancel()
-        return True
-
-
-class LeaseLostError(Exception):
-    """The entry's lease was taken over before its handler started: it must not run here."""
-
-
 class Executor:
     """What one worker has in flight (``inflight``: entry id -> execution), its slots and its
     counts; see the module docstring."""
@@ -168,6 +124,15 @@ class Executor:
             outage=outage,
         )
         self.threads = ThreadRunner(concurrency)  # sync handlers: one thread per slot at most
+        self.runner = Runner(
+            worker_id=worker_id,
+            settings=settings,
+            store=store,
+            handlers=handlers,
+            clock=clock,
+            threads=self.threads,
+            rng=rng,
+        )
         self.inflight: dict[str, Execution] = {}
         self.executions: set[asyncio.Task[None]] = set()
 
@@ -250,7 +215,7 @@ class Executor:
             task_id=entry.task_id, task_type=entry.task_type, queue=entry.queue, attempt=ex.attempt
         )
         try:
-            outcome = await self._run(ex)
+            outcome = await self.runner.run(ex)
             if outcome is None:
                 log.info(
                     "task %s attempt %d stopped (%s): left for another worker",
@@ -260,8 +225,7 @@ class Executor:
                 )
                 return
             ex.finishing = True
-            reply = await asyncio.shield(self.finisher.submit(entry, ex.start, outcome))
-            self.finisher.recorded(entry, ex.start, outcome, ex.handler_task is not None, reply)
+            await self.finisher.finish(entry, ex.start, outcome, ex.handler_task is not None)
         except Exception:  # a bug here must not kill the worker; the entry stays pending
             log.exception(
                 "task %s attempt %d: execution failed inside the worker; the entry is left "
@@ -271,100 +235,19 @@ class Executor:
             )
         finally:
             self.inflight.pop(entry.entry_id, None)
-            self._drop(ex)
+            self._release(ex)
 
-    async def _run(self, ex: Execution) -> Outcome | None:
-        """Run one started entry's handler; None when it was stopped for shutdown or a lost
-        lease (nothing is recorded: the entry stays pending for a peer)."""
-        entry, start, settings = ex.entry, ex.start, self.settings
-        call = handlers.prepare(
-            entry, start, self.handlers.get(entry.task_type), self.worker_id, settings, self._rng
-        )
-        if isinstance(call, Outcome):
-            return call
-        t0 = time.monotonic()
-        ex.handler_task = asyncio.create_task(self._call(ex, call))
-        if ex.cancel_reason is not None:  # cancelled before the handler got going
-            ex.handler_task.cancel()
-        try:
-            result = await ex.handler_task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if ex.cancel_reason == "user":
-                return Outcome("cancelled", duration_ms=handlers.ms_since(t0))
-            if ex.cancel_reason is not None:
-                return None
-            if current is not None and current.cancelling():
-                raise
-            # The handler cancelled itself: an error like any other (permanent).
-            error = asyncio.CancelledError("handler was cancelled")
-            return handlers.failed(error, start, settings, self._rng, t0)
-        except LeaseLostError:
-            ex.cancel_reason = "lost"
-            return None
-        except RescheduleError as exc:
-            return handlers.rescheduled(exc, t0)
-        except Exception as exc:
-            return handlers.failed(exc, start, settings, self._rng, t0)
-        return handlers.succeeded(result, t0, settings)
-
-    async def _call(self, ex: Execution, call: Prepared) -> Any:
-        """The handler task: the lease check, then the handler under its timeout. Nothing is
-        awaited between a passed check and the handler's first line (a failed or slow check
-        is the only await), so a pause of the process cannot fall in between."""
-        if not await self._lease_held(ex):
-            raise LeaseLostError
-        ex.handler_started = True
-        handler = call.handler
-        if handler.is_async:
-            async with asyncio.timeout(call.timeout_s):
-                return await handler.fn(call.payload, call.ctx)
-        fut = self.threads.submit(handler.fn, call.payload, call.ctx)
-        ex.holds += 1  # the thread, dropped when it returns
-        fut.add_done_callback(partial(self._thread_done, ex))
-        async with asyncio.timeout(call.timeout_s):
-            return await asyncio.shield(fut)
-
-    def _thread_done(self, ex: Execution, fut: asyncio.Future[Any]) -> None:
-        if not fut.cancelled():
-            fut.exception()  # retrieved: a result nobody waits for any more is discarded
-        self._drop(ex)
-
-    def _drop(self, ex: Execution) -> None:
-        """One hold of ``ex`` is over (each is dropped once); its slot comes back with the
-        last."""
-        ex.holds -= 1
-        if not ex.holds:
+    def _release(self, ex: Execution) -> None:
+        """The slot of ``ex`` comes back now, or once the thread of its sync handler returns
+        (one that outlived its timeout runs on: Python cannot stop it)."""
+        thread = ex.thread
+        if thread is None or thread.done():
             self._capacity.release()
-
-    async def _lease_held(self, ex: Execution) -> bool:
-        """Right before a handler starts: is the lease still this worker's? start.lua renewed
-        it at ``started_ms`` (Redis clock), so it is, unless the worker stalled for half the
-        visibility timeout since (a stop signal, a VM pause, a starved event loop): then
-        touch.lua checks ownership (and renews). A worker that cannot check does not run."""
-        age_ms = self.clock.now_ms() - ex.start.started_ms
-        if age_ms < self.settings.visibility_timeout_s * 500:
-            return True
-        entry = ex.entry
-        try:
-            lost = await calls.touch(self.store, self.worker_id, [(entry.stream, entry.entry_id)])
-        except TRANSIENT as exc:
-            lost, why = [entry.entry_id], f"Redis unavailable: {exc}"
         else:
-            why = "another worker holds it"
-        if ex.cancel_reason is not None:
-            return False  # stopped meanwhile (the heartbeat saw the lease lost): said there
-        if lost:
-            log.warning(
-                "task %s attempt %d: lease lost before its handler started (%s, started %.1fs "
-                "ago): not run here",
-                entry.task_id,
-                ex.attempt,
-                why,
-                age_ms / 1000,
-            )
-            return False
-        return True
+            thread.add_done_callback(self._thread_returned)
+
+    def _thread_returned(self, _thread: asyncio.Future[Any]) -> None:
+        self._capacity.release()
 
     # -- cancellation and lost leases -----------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """How every entry's end is recorded and told (contract sections 4, 6; DESIGN 3).
 
-- An execution that ended (:meth:`Finisher.submit`, then :meth:`Finisher.recorded` with the
-  reply): its finish script joins the next pipeline; everything submitted in one event-loop
+- An execution that ended (:meth:`Finisher.finish`): its finish script joins the next
+  pipeline; everything submitted in one event-loop
   tick goes to Redis together, never one awaited call per task. A lost connection is retried,
   since the script is fenced and atomic. The reply is logged and counted, and
   :class:`~dtq.worker.observer.TaskFinished` told.
@@ -93,27 +93,16 @@ class Finisher:
             for obs in self.observers:
                 obs.task_skipped(event)
 
-    def submit(
-        self, entry: Entry, start: StartReply, outcome: Outcome
-    ) -> asyncio.Future[FinishReply | Exception]:
-        """Queue the finish of one execution for the next pipeline; the future gets
-        finish.lua's reply or the error. Its caller shields the wait: the call is sent anyway."""
+    async def finish(self, entry: Entry, start: StartReply, outcome: Outcome, ran: bool) -> str:
+        """Record how an execution ended (``ran``: its handler was called): its finish joins
+        the next pipeline (the wait is shielded: the call is sent anyway), then the reply is
+        logged, counted and told. Returns the status finish.lua recorded, ``fenced``, or
+        ``error`` (the finish could not be sent)."""
         call = calls.finish_call(entry, start.attempt, outcome, self.worker_id, self.settings)
         fut: asyncio.Future[FinishReply | Exception] = asyncio.get_running_loop().create_future()
         self._items.append((call, entry.task_id, fut))
         self._wake.set()
-        return fut
-
-    def recorded(
-        self,
-        entry: Entry,
-        start: StartReply,
-        outcome: Outcome,
-        ran: bool,
-        reply: FinishReply | Exception,
-    ) -> str:
-        """The reply of a finish (``ran``: the handler was called): logged, counted and told;
-        returns the status finish.lua recorded, ``fenced``, or ``error`` (not sent)."""
+        reply = await asyncio.shield(fut)
         status = self._status(entry, start.attempt, outcome.kind, reply)
         if self.observers:
             event = _finished_event(entry, start, status, outcome, ran)

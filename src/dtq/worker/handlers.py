@@ -1,15 +1,17 @@
-"""Calling user code (contract sections 4, 6, 15): what a handler gets and how its end is told.
+"""Running one started entry's handler (contract sections 4, 6, 15): the run step between
+:mod:`dtq.worker.execution`'s start and :mod:`dtq.worker.finish`.
 
-:mod:`dtq.worker.execution` drives each run; this module holds the pieces it uses that know
-nothing of Redis:
+:meth:`Runner.run`, in order: the handler's arguments (:func:`prepare`: or the outcome of an
+entry that cannot run, task type unknown here, payload not JSON or not valid for the
+handler's model); the handler task, which checks the lease right before the handler is called
+(:meth:`Runner._lease_held`) and runs it under ``timeout_ms``; then how it ended, as finish.lua
+records it (:func:`succeeded`, :func:`rescheduled`, :func:`failed`: an
+:class:`~dtq.calls.Outcome`, errors classified by :mod:`dtq.retry`).
 
-- :func:`prepare`: the handler's arguments, or the outcome of an entry that cannot run (task
-  type unknown here, payload not JSON or not valid for the handler's model);
-- :class:`ThreadRunner`: sync handlers run on daemon threads (GIL-bound; CPU-heavy work wants
-  several processes). A thread that timed out or was cancelled runs on: Python cannot stop it,
-  so its slot stays taken until it returns and concurrency stays bounded;
-- :func:`succeeded`, :func:`rescheduled`, :func:`failed`: how a run ended, as finish.lua
-  records it (an :class:`~dtq.calls.Outcome`; errors classified by :mod:`dtq.retry`).
+Sync handlers run on the daemon threads of a :class:`ThreadRunner` (GIL-bound; CPU-heavy work
+wants several processes). A thread that timed out or was cancelled runs on: Python cannot stop
+it, so :attr:`Execution.thread` stays pending, and the executor gives the slot back only when
+it returns; concurrency stays bounded.
 """
 
 from __future__ import annotations
@@ -18,23 +20,29 @@ import asyncio
 import contextlib
 import contextvars
 import json
+import logging
 import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dtq import calls
 from dtq.calls import Entry, Outcome, StartReply
+from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.models import compact_json
 from dtq.retry import PayloadDecodeError, classify, next_retry_delay_s, sanitize
-from dtq.store import ms_to_dt
+from dtq.store import Store, ms_to_dt
+from dtq.worker.outage import TRANSIENT
 from dtq_tasks import Handler, RescheduleError, TaskContext
 
 __all__ = [
+    "Execution",
     "Prepared",
+    "Runner",
     "ThreadRunner",
     "failed",
     "ms_since",
@@ -42,6 +50,155 @@ __all__ = [
     "rescheduled",
     "succeeded",
 ]
+
+log = logging.getLogger("dtq.worker.worker")
+
+
+@dataclass(eq=False)
+class Execution:
+    """One started entry, from its start reply until its finish reply.
+
+    ``cancel_reason``: ``user`` (a cancel request: finished CANCELLED), ``shutdown`` (the drain
+    timeout passed) or ``lost`` (another worker holds the entry): the last two write nothing
+    and leave the entry pending for a peer. ``thread``: a sync handler's, done once it has
+    returned.
+    """
+
+    entry: Entry
+    start: StartReply
+    handler_task: asyncio.Task[Any] | None = None
+    cancel_reason: str | None = None
+    finishing: bool = False
+    handler_started: bool = False  # the lease check passed and the handler was called
+    thread: asyncio.Future[Any] | None = None
+
+    @property
+    def attempt(self) -> int:
+        return self.start.attempt
+
+    def cancel(self, reason: str) -> bool:
+        """Stop the handler (not the bookkeeping); False when it is past that point."""
+        if self.finishing or self.cancel_reason is not None:
+            return False
+        if self.handler_task is not None and self.handler_task.done():
+            return False  # the handler has ended: its outcome is about to be recorded
+        self.cancel_reason = reason
+        if self.handler_task is not None:
+            self.handler_task.cancel()
+        return True
+
+
+class LeaseLostError(Exception):
+    """The entry's lease was taken over before its handler started: it must not run here."""
+
+
+class Runner:
+    """Runs the handlers of one worker; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        settings: Settings,
+        store: Store,
+        handlers: Mapping[str, Handler],
+        clock: RedisClock,
+        threads: ThreadRunner,
+        rng: random.Random,
+    ) -> None:
+        self.worker_id = worker_id
+        self.settings = settings
+        self.store = store
+        self.handlers = handlers
+        self.clock = clock
+        self.threads = threads
+        self._rng = rng
+
+    async def run(self, ex: Execution) -> Outcome | None:
+        """Run one started entry's handler; None when it was stopped for shutdown or a lost
+        lease (nothing is recorded: the entry stays pending for a peer)."""
+        entry, start, settings = ex.entry, ex.start, self.settings
+        call = prepare(
+            entry, start, self.handlers.get(entry.task_type), self.worker_id, settings, self._rng
+        )
+        if isinstance(call, Outcome):
+            return call
+        t0 = time.monotonic()
+        ex.handler_task = asyncio.create_task(self._call(ex, call))
+        if ex.cancel_reason is not None:  # cancelled before the handler got going
+            ex.handler_task.cancel()
+        try:
+            result = await ex.handler_task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if ex.cancel_reason == "user":
+                return Outcome("cancelled", duration_ms=ms_since(t0))
+            if ex.cancel_reason is not None:
+                return None
+            if current is not None and current.cancelling():
+                raise
+            # The handler cancelled itself: an error like any other (permanent).
+            error = asyncio.CancelledError("handler was cancelled")
+            return failed(error, start, settings, self._rng, t0)
+        except LeaseLostError:
+            ex.cancel_reason = "lost"
+            return None
+        except RescheduleError as exc:
+            return rescheduled(exc, t0)
+        except Exception as exc:
+            return failed(exc, start, settings, self._rng, t0)
+        return succeeded(result, t0, settings)
+
+    async def _call(self, ex: Execution, call: Prepared) -> Any:
+        """The handler task: the lease check, then the handler under its timeout. Nothing is
+        awaited between a passed check and the handler's first line (a failed or slow check
+        is the only await), so a pause of the process cannot fall in between."""
+        if not await self._lease_held(ex):
+            raise LeaseLostError
+        ex.handler_started = True
+        handler = call.handler
+        if handler.is_async:
+            async with asyncio.timeout(call.timeout_s):
+                return await handler.fn(call.payload, call.ctx)
+        ex.thread = fut = self.threads.submit(handler.fn, call.payload, call.ctx)
+        fut.add_done_callback(_retrieve)
+        async with asyncio.timeout(call.timeout_s):
+            return await asyncio.shield(fut)
+
+    async def _lease_held(self, ex: Execution) -> bool:
+        """Right before a handler starts: is the lease still this worker's? start.lua renewed
+        it at ``started_ms`` (Redis clock), so it is, unless the worker stalled for half the
+        visibility timeout since (a stop signal, a VM pause, a starved event loop): then
+        touch.lua checks ownership (and renews). A worker that cannot check does not run."""
+        age_ms = self.clock.now_ms() - ex.start.started_ms
+        if age_ms < self.settings.visibility_timeout_s * 500:
+            return True
+        entry = ex.entry
+        try:
+            lost = await calls.touch(self.store, self.worker_id, [(entry.stream, entry.entry_id)])
+        except TRANSIENT as exc:
+            lost, why = [entry.entry_id], f"Redis unavailable: {exc}"
+        else:
+            why = "another worker holds it"
+        if ex.cancel_reason is not None:
+            return False  # stopped meanwhile (the heartbeat saw the lease lost): said there
+        if lost:
+            log.warning(
+                "task %s attempt %d: lease lost before its handler started (%s, started %.1fs "
+                "ago): not run here",
+                entry.task_id,
+                ex.attempt,
+                why,
+                age_ms / 1000,
+            )
+            return False
+        return True
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """A thread's result nobody waits for any more (timed out, cancelled) is discarded."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 @dataclass(slots=True)
