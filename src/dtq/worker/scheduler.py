@@ -71,11 +71,11 @@ CLAIM_BATCH = 100  # contract section 7: scheduler batch capped at 100
 # A phase sends batch after full batch for at most this long, so a backlog drains at the speed
 # Redis runs the scripts (each call still a batch of <= 100) while one tick stays short.
 PHASE_BUDGET_S = 0.5
-SWEEP_INTERVAL_MS = 1_000  # issue 4: the expiry sweep runs every second
+SWEEP_INTERVAL_MS = 1_000  # the expiry sweep runs every second (docs/expiration.md)
 SWEEP_BATCH = admin.SWEEP_BATCH
 # A backlog of due expirations is swept at this pace, not as fast as Redis runs the scripts:
-# issue 8 asks for 100,000 within 30 s (this takes 20 s) without raising the latency of the
-# tasks the worker starts meanwhile (measured in docs/performance.md, "Expiration").
+# 100,000 due tasks within 30 s (this takes 20 s) without raising the latency of the tasks the
+# worker starts meanwhile (docs/expiration.md; measured in docs/performance.md, "Expiration").
 SWEEP_RATE = 5_000  # tasks/s
 STALE_CHECK_MIN_MS = 1_000
 STALE_CHECK_MAX_MS = 5_000
