@@ -202,9 +202,11 @@ async def running_stack(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncCl
         queues=("default",),
         concurrency=4,
         handlers=handlers,
+        worker_id="worker-metrics1",
+        observers=telemetry.observers("worker-metrics1"),
         on_redis_op=telemetry.metrics.script_call,
     )
-    telemetry.attach(worker)
+    telemetry.watch(worker)
     server = MetricsServer(telemetry.metrics.registry, "127.0.0.1", 0)
     run = asyncio.create_task(worker.run())
     try:

@@ -129,16 +129,19 @@ def _run_one(
 ) -> int:
     """One worker in this process until SIGTERM/SIGINT; ``ready_fd`` (a supervised child) gets
     one byte once its loops run; ``adopt``: dead predecessors whose entries it takes over."""
+    worker_id = settings.worker_id or new_worker_id()
     telemetry = WorkerTelemetry(handlers)
     worker = Worker(
         settings,
         queues=queues,
         concurrency=concurrency,
         handlers=handlers,
+        worker_id=worker_id,
+        observers=telemetry.observers(worker_id),
         on_redis_op=telemetry.metrics.script_call,
         adopt=adopt,
     )
-    telemetry.attach(worker)
+    telemetry.watch(worker)
     set_process_fields(worker_id=worker.worker_id)
     telemetry.serve(settings.worker_metrics_host, settings.worker_metrics_port)
     try:

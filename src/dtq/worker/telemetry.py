@@ -132,16 +132,21 @@ def _fields(event: TaskStarted | TaskFinished, status: str) -> dict[str, object]
 class WorkerTelemetry:
     """The metrics (and the endpoint) and lifecycle logs of one worker process.
 
-    Build it before the worker (its :attr:`metrics` gives the worker's script hook), then
-    :meth:`attach` the worker and :meth:`serve` the endpoint; :meth:`stop` at the end.
+    Build it before the worker, which takes its :meth:`observers` and its script hook
+    (``metrics.script_call``); then :meth:`watch` the worker and :meth:`serve` the endpoint;
+    :meth:`stop` at the end.
     """
 
     def __init__(self, known_types: Collection[str] | None = None) -> None:
         self.metrics = Metrics(known_types=known_types)
         self.server: MetricsServer | None = None
 
-    def attach(self, worker: Worker) -> None:
-        worker.observers.extend([MetricsObserver(self.metrics, worker.worker_id), LogObserver()])
+    def observers(self, worker_id: str) -> list[WorkerObserver]:
+        """The subscribers of the worker ``worker_id``: its metrics and its lifecycle logs."""
+        return [MetricsObserver(self.metrics, worker_id), LogObserver()]
+
+    def watch(self, worker: Worker) -> None:
+        """Count the worker's in-flight tasks and the commands its client sends on its own."""
         self.metrics.track_inflight(worker.worker_id, lambda: len(worker.inflight))
         count_commands(worker.redis, self.metrics.redis_op)
 
