@@ -210,8 +210,14 @@ async def _live_names(settings: Settings) -> set[str]:
     s = settings.model_copy(update={"task_modules": "examples.tasks", "heartbeat_interval_s": 0.5})
     handlers = load_task_modules(s.task_module_list).handlers
     telemetry = WorkerTelemetry(handlers)
-    worker = Worker(s, handlers=handlers, on_redis_op=telemetry.metrics.script_call)
-    telemetry.attach(worker)
+    worker = Worker(
+        s,
+        handlers=handlers,
+        worker_id="worker-deploy01",
+        observers=telemetry.observers("worker-deploy01"),
+        on_redis_op=telemetry.metrics.script_call,
+    )
+    telemetry.watch(worker)
     server = MetricsServer(telemetry.metrics.registry, "127.0.0.1", 0)
     texts = []
     try:

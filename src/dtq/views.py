@@ -1,21 +1,54 @@
 """Operator views read by :mod:`dtq.admin`: dead letters, queue statistics, workers, audit entries.
 
 Pure models built from Redis hashes and stream entries; they never raise on a foreign or
-malformed entry (a field that cannot be read takes a neutral default).
+malformed entry (a field that cannot be read takes a neutral default). Two rules live here
+once, for every reader (the admin views, the API's gauges, the scheduler leader):
+
+- a queue's **depth and pending** (:func:`queue_depth`): the sums of ``XLEN`` and ``XPENDING``
+  over its ten streams, read by :func:`read_depth`;
+- a worker's **liveness** (:func:`worker_liveness`): stale past :data:`STALE_HEARTBEATS`
+  heartbeat intervals or when its hash is gone; alive when not stale and not stopped; a worker
+  that has not written its first heartbeat yet is alive (its hash has a TTL of its own).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from dtq import keys
 from dtq.models import parse_ts
 
-__all__ = ["AuditEntry", "DeadLetter", "QueueStats", "WorkerInfo"]
+__all__ = [
+    "DEPTH_READS",
+    "LIVENESS_FIELDS",
+    "STALE_HEARTBEATS",
+    "AuditEntry",
+    "DeadLetter",
+    "Liveness",
+    "QueueStats",
+    "WorkerInfo",
+    "heartbeat_ms",
+    "queue_depth",
+    "read_depth",
+    "stale_after_ms",
+    "worker_liveness",
+]
+
+STALE_HEARTBEATS = 3
+"""A worker is stale once its last heartbeat is older than this many heartbeat intervals
+(contract section 6); its hash expires at the same age."""
+
+LIVENESS_FIELDS = ("last_heartbeat_ms", "last_heartbeat", "status")
+"""The worker hash fields :func:`worker_liveness` reads (``HMGET`` them, or pass the whole hash)."""
+
+DEPTH_READS = 2 * len(keys.PRIORITIES)
+"""Replies :func:`read_depth` adds to a pipeline for one queue."""
 
 
 def _int_field(value: str | None, default: int = 0) -> int:
@@ -34,6 +67,70 @@ def _json_field(value: str | None) -> Any:
         return json.loads(value)
     except ValueError:
         return value
+
+
+def read_depth(pipe: Any, queue: str) -> None:
+    """Add ``XLEN`` and ``XPENDING`` of each of ``queue``'s streams to ``pipe`` (a pipeline run
+    with ``raise_on_error=False``): :data:`DEPTH_READS` replies for :func:`queue_depth`."""
+    for stream in keys.queue_streams(queue):
+        pipe.xlen(stream)
+        pipe.xpending(stream, keys.CONSUMER_GROUP)
+
+
+def queue_depth(replies: Sequence[Any]) -> tuple[int, int]:
+    """(depth, pending) of one queue from the replies of :func:`read_depth`: the entries in its
+    streams (waiting + in flight, DESIGN 3) and those delivered and not acknowledged. A stream
+    or group that does not exist yet answers an error: it counts 0."""
+    depth = sum(int(n) for n in replies[0::2] if not isinstance(n, Exception))
+    pending = 0
+    for reply in replies[1::2]:
+        if reply and not isinstance(reply, Exception):
+            pending += int(reply["pending"])
+    return depth, pending
+
+
+def stale_after_ms(heartbeat_interval_s: float) -> int:
+    """The heartbeat age past which a worker is stale (:data:`STALE_HEARTBEATS` intervals)."""
+    return round(STALE_HEARTBEATS * heartbeat_interval_s * 1000)
+
+
+def heartbeat_ms(h: Mapping[str, str | None]) -> int | None:
+    """The last heartbeat of a worker hash in epoch ms: ``last_heartbeat_ms``, else the
+    contract's ISO ``last_heartbeat``; None when it has none (yet) or it cannot be read."""
+    beat_ms = _int_field(h.get("last_heartbeat_ms"), -1)
+    if beat_ms < 0 and h.get("last_heartbeat"):
+        beat = parse_ts(h["last_heartbeat"])
+        beat_ms = round(beat.timestamp() * 1000) if beat is not None else -1
+    return beat_ms if beat_ms >= 0 else None
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """How an observer judges a worker (contract section 6: stale is never self-reported)."""
+
+    alive: bool
+    stale: bool
+    beat_ms: int | None  # its last heartbeat (None: none written yet, or its hash is gone)
+    age_ms: int | None  # now - beat_ms on the Redis clock
+
+
+def worker_liveness(h: Mapping[str, str | None] | None, now_ms: int, stale_ms: int) -> Liveness:
+    """The one liveness rule. ``h``: the worker hash's fields (at least
+    :data:`LIVENESS_FIELDS`), None or empty when the hash is gone; ``now_ms`` on the Redis
+    clock; ``stale_ms`` from :func:`stale_after_ms`.
+
+    - hash gone: stale (a listed id whose hash expired), not alive;
+    - heartbeat older than ``stale_ms``: stale, not alive;
+    - no heartbeat written yet: a worker starting, alive;
+    - ``status`` stopped: not alive (and not stale while its heartbeat is young).
+    """
+    if not h:
+        return Liveness(alive=False, stale=True, beat_ms=None, age_ms=None)
+    beat_ms = heartbeat_ms(h)
+    age_ms = None if beat_ms is None else now_ms - beat_ms
+    stale = age_ms is not None and age_ms > stale_ms
+    alive = not stale and h.get("status") != "stopped"
+    return Liveness(alive=alive, stale=stale, beat_ms=beat_ms, age_ms=age_ms)
 
 
 class DeadLetter(BaseModel):
@@ -100,8 +197,8 @@ class QueueStats(BaseModel):
 class WorkerInfo(BaseModel):
     """A worker as its heartbeat hash ``dtq:worker:<id>`` describes it, judged by an observer.
 
-    ``alive`` and ``stale`` come from the heartbeat's age on the Redis clock (stale: older than
-    three heartbeat intervals); a worker never reports itself stale (contract section 6).
+    ``alive`` and ``stale`` are :func:`worker_liveness`'s; a worker never reports itself stale
+    (contract section 6).
     """
 
     worker_id: str
@@ -123,16 +220,10 @@ class WorkerInfo(BaseModel):
 
     @classmethod
     def from_hash(
-        cls, worker_id: str, h: Mapping[str, str], now_ms: int, stale_after_ms: int
+        cls, worker_id: str, h: Mapping[str, str], now_ms: int, stale_ms: int
     ) -> WorkerInfo:
-        beat_ms = _int_field(h.get("last_heartbeat_ms"), -1)
-        if beat_ms < 0 and h.get("last_heartbeat"):
-            beat = parse_ts(h["last_heartbeat"])
-            beat_ms = round(beat.timestamp() * 1000) if beat is not None else -1
-        age_ms = now_ms - beat_ms if beat_ms >= 0 else None
-        # No heartbeat written yet: the worker is starting (its hash has a TTL of its own).
-        stale = age_ms is not None and age_ms > stale_after_ms
-        status = h.get("status", "")
+        live = worker_liveness(h, now_ms, stale_ms)
+        beat_ms, age_ms = live.beat_ms, live.age_ms
         pid = _int_field(h.get("pid"), -1)
         return cls(
             worker_id=h.get("worker_id") or worker_id,
@@ -140,17 +231,19 @@ class WorkerInfo(BaseModel):
             pid=pid if pid >= 0 else None,
             queues=_queue_list(h.get("queues", "")),
             started_at=parse_ts(h.get("started_at")),
-            last_heartbeat=datetime.fromtimestamp(beat_ms / 1000, tz=UTC) if beat_ms >= 0 else None,
-            last_heartbeat_ms=beat_ms if beat_ms >= 0 else None,
+            last_heartbeat=None
+            if beat_ms is None
+            else datetime.fromtimestamp(beat_ms / 1000, tz=UTC),
+            last_heartbeat_ms=beat_ms,
             heartbeat_age_s=None if age_ms is None else max(0, age_ms) / 1000,
             active_tasks=_int_field(h.get("active_tasks")),
             concurrency=_int_field(h.get("concurrency")),
             tasks_processed=_int_field(h.get("tasks_processed")),
             tasks_failed=_int_field(h.get("tasks_failed")),
             tasks_retried=_int_field(h.get("tasks_retried")),
-            status=status,
-            alive=not stale and status != "stopped",
-            stale=stale,
+            status=h.get("status", ""),
+            alive=live.alive,
+            stale=live.stale,
         )
 
 

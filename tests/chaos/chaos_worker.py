@@ -47,32 +47,34 @@ def _crash_point(payload: str, attempt: int) -> str | None:
 
 
 def _run_crashing_worker(argv: list[str]) -> int:
-    from dtq.calls import Entry, Outcome, StartReply
     from dtq.config import load_settings
     from dtq.log import configure_logging
     from dtq.worker import Worker, WorkerObserver
-    from dtq.worker.__main__ import build_parser
-    from dtq.worker.executor import Execution
+    from dtq.worker.observer import TaskFinished, TaskStarted
+    from dtq_cli.parser import build_parser
     from dtq_tasks import load_task_modules
 
     class CrashAt(WorkerObserver):
-        def task_started(self, entry: Entry, start: StartReply) -> None:
-            point = _crash_point(entry.payload, start.attempt)
+        def __init__(self) -> None:
+            self.points: dict[str, str] = {}  # task id -> crash point of its running attempt
+
+        def task_started(self, event: TaskStarted) -> None:
+            point = _crash_point(event.payload, event.attempt)
+            if point is not None:
+                self.points[event.task_id] = point
             if point == "before_handler":
                 os._exit(EXIT_CODES["before_handler"])
             if point == "stop_before_handler":  # the whole process pauses (SIGCONT resumes it)
                 os.kill(os.getpid(), signal.SIGSTOP)
 
-        def task_finished(
-            self, ex: Execution, status: str, duration_ms: int, outcome: Outcome | None = None
-        ) -> None:
-            point = _crash_point(ex.entry.payload, ex.attempt)
-            if point == "after_finish" and status == "succeeded":
+        def task_finished(self, event: TaskFinished) -> None:
+            point = self.points.pop(event.task_id, None)
+            if point == "after_finish" and event.status == "succeeded":
                 os._exit(EXIT_CODES["after_finish"])
-            if point == "after_retry" and status == "retrying":
+            if point == "after_retry" and event.status == "retrying":
                 os._exit(EXIT_CODES["after_retry"])
 
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(["worker", "run", *argv])
     settings = load_settings()
     configure_logging(settings, "worker")
     handlers = load_task_modules(args.task_modules or settings.task_module_list).handlers

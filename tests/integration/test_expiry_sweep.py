@@ -130,7 +130,7 @@ async def test_a_backlog_is_swept_at_the_sweep_rate_over_ticks_without_pause(
     first = await scheduler.tick()
     assert first.swept and 0 < len(first.expired) <= 200
 
-    async def observe(part: TickResult) -> None:
+    def observe(part: TickResult) -> None:
         ticks.append(part)
 
     scheduler.on_tick = observe

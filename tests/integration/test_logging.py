@@ -173,8 +173,14 @@ async def test_handler_and_lifecycle_lines_carry_the_task(settings: Settings, r:
 
     handlers = {"chatty": Handler("chatty", chatty)}
     telemetry = WorkerTelemetry(handlers)
-    worker = Worker(s, handlers=handlers, on_redis_op=telemetry.metrics.script_call)
-    telemetry.attach(worker)
+    worker = Worker(
+        s,
+        handlers=handlers,
+        worker_id="worker-logs0001",
+        observers=telemetry.observers("worker-logs0001"),
+        on_redis_op=telemetry.metrics.script_call,
+    )
+    telemetry.watch(worker)
     set_process_fields(worker_id=worker.worker_id)
     async with started(worker):
         q = await connect(settings=s)

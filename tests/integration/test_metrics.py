@@ -193,9 +193,11 @@ async def running_stack(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncCl
         queues=("default",),
         concurrency=4,
         handlers=handlers,
+        worker_id="worker-metrics1",
+        observers=telemetry.observers("worker-metrics1"),
         on_redis_op=telemetry.metrics.script_call,
     )
-    telemetry.attach(worker)
+    telemetry.watch(worker)
     server = MetricsServer(telemetry.metrics.registry, "127.0.0.1", 0)
     try:
         async with started(worker), app.router.lifespan_context(app):
@@ -459,16 +461,20 @@ async def test_redis_gauges_one_round_trip_and_near_expiration_per_queue(
 
 
 async def test_redis_gauges_count_live_and_stale_workers(settings: Settings, r: Redis) -> None:
+    """The liveness rule of the admin views and the scheduler: a worker that has not written
+    its first heartbeat yet is active; an old heartbeat or a hash gone is stale."""
     s = fast(settings)
     now_ms = int(time.time() * 1000)
-    await r.sadd(keys.WORKERS, "worker-live0001", "worker-old00002", "worker-gone0003")
+    listed = ["worker-live0001", "worker-old00002", "worker-gone0003", "worker-new00004"]
+    await r.sadd(keys.WORKERS, *listed)
     await r.hset(keys.worker("worker-live0001"), mapping={"last_heartbeat_ms": now_ms})
     await r.hset(keys.worker("worker-old00002"), mapping={"last_heartbeat_ms": now_ms - 60_000})
+    await r.hset(keys.worker("worker-new00004"), mapping={"status": "starting"})
     metrics = Metrics()
     metrics.add_redis_gauges(s)
     await metrics.refresh(r)
     scrape = gauges_text(metrics)
-    assert scrape.value("dtq_workers_active") == 1
+    assert scrape.value("dtq_workers_active") == 2
     assert scrape.value("dtq_workers_stale") == 2
 
 

@@ -17,8 +17,9 @@ from dtq.config import Settings
 from dtq.models import Task
 from dtq.scripts import Scripts
 from dtq.store import Store
+from dtq.views import STALE_HEARTBEATS
 from dtq.worker.outage import RedisOutage
-from dtq.worker.scheduler import CLAIM_BATCH, STALE_HEARTBEATS, Scheduler
+from dtq.worker.scheduler import CLAIM_BATCH, Scheduler
 from support import Events, wait_until
 from support.scheduler import running
 
@@ -135,6 +136,7 @@ async def test_retrying_task_promoted_as_retry_with_next_attempt(
         result = await scheduler.tick()
         await events.wait_for("TASK_RETRIED", task.task_id)
     assert result.leader and result.retried == [task.task_id] and result.promoted == []
+    assert result.labels == {task.task_id: ("default", "flaky_task")}  # for the metrics
     assert events.of("TASK_QUEUED", task.task_id) == []
     retried = events.of("TASK_RETRIED", task.task_id)[0]
     assert retried.attempt == 1 and retried.metadata["next_attempt"] == 2

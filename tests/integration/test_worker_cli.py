@@ -1,4 +1,5 @@
-"""``python -m dtq.worker``: its flags and exit codes (0 clean stop, 1 Redis, 2 bad input)."""
+"""``python -m dtq.worker`` (``dtq worker run``): its flags and exit codes (0 clean stop, 1 Redis,
+2 bad input)."""
 
 from __future__ import annotations
 

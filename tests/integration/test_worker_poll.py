@@ -89,6 +89,26 @@ async def _stream_empty(r: Redis, stream: str) -> bool:
     return await r.xlen(stream) == 0
 
 
+async def test_every_slot_comes_back(settings: Settings, r: Redis, queue: Queue) -> None:
+    """Slots are reserved per read (up to the free capacity) and come back from the part a
+    read did not fill, from entries a start did not run and from ended executions: once the
+    worker has stopped, none is taken."""
+
+    async def ok(payload: dict[str, Any], ctx: TaskContext) -> None:
+        if payload["i"] % 5 == 0:
+            raise ValueError("a failure, not retried")
+
+    await queue.submit_many(
+        [{"task_type": "wt_ok", "payload": {"i": i}, "max_attempts": 1} for i in range(30)]
+    )
+    stream = keys.stream("default", 5)
+    for n in range(3):  # entries of tasks that do not exist: their start consumes them unrun
+        await r.xadd(stream, {"task_id": f"{n:032x}", "task_type": "wt_ok", "payload": "{}"})
+    async with running_worker(fast(settings), handlers(wt_ok=ok), concurrency=8) as worker:
+        await wait_until(lambda: _stream_empty(r, stream), 10, "all done")
+    assert worker.active_tasks == 0
+
+
 @pytest.mark.parametrize("concurrency", [4, 32])
 async def test_idle_worker_starts_new_task_of_any_priority_within_block(
     settings: Settings, r: Redis, queue: Queue, concurrency: int

@@ -1,11 +1,11 @@
-"""A worker's execution slots (:class:`dtq.worker.intake.Capacity`): the reaper's urgent
+"""A worker's execution slots (:class:`dtq.worker.execution.Capacity`): the reaper's urgent
 reservations are served before the poll loops', and nothing is ever taken beyond the size."""
 
 from __future__ import annotations
 
 import asyncio
 
-from dtq.worker.intake import Capacity
+from dtq.worker.execution import Capacity
 
 
 async def settle() -> None:

@@ -13,7 +13,6 @@ __all__ = [
     "LIST_CAP",
     "PREVIOUS_ATTEMPTS_CAP",
     "SCAN_CHUNK",
-    "STALE_HEARTBEATS",
     "SWEEP_BATCH",
     "SWEEP_PER_CALL",
     "Audit",
@@ -29,7 +28,6 @@ CHUNK = 100  # tasks per script call of a purge, so no script runs long
 LIST_CAP = 10_000  # most entries a list view returns (the DLQ and audit streams hold ~10,000)
 SCAN_CHUNK = 1_000  # stream entries or zset members read per round trip while scanning
 PREVIOUS_ATTEMPTS_CAP = 10  # earlier lives kept in metadata.previous_attempts
-STALE_HEARTBEATS = 3  # a worker is stale past 3 heartbeat intervals (contract section 6)
 CAS_TRIES = 5  # reads + compare-and-set script calls before giving up on a changing task
 
 StreamRows = list[tuple[str, dict[str, str]]]

@@ -9,15 +9,23 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from redis.exceptions import ResponseError
 
 from dtq import keys
-from dtq.admin._common import LIST_CAP, SCAN_CHUNK, STALE_HEARTBEATS, check_queue, stream_rows
+from dtq.admin._common import LIST_CAP, SCAN_CHUNK, check_queue, stream_rows
+from dtq.clock import time_reply_ms
 from dtq.errors import WorkerNotFoundError
 from dtq.store import Store
-from dtq.views import AuditEntry, QueueStats, WorkerInfo
+from dtq.views import (
+    DEPTH_READS,
+    AuditEntry,
+    QueueStats,
+    WorkerInfo,
+    queue_depth,
+    read_depth,
+    stale_after_ms,
+)
 
 __all__ = ["all_queue_stats", "audit_log", "queue_stats", "worker", "workers"]
 
@@ -33,21 +41,13 @@ async def all_queue_stats(store: Store) -> list[QueueStats]:
     return await _stats(store, await store.queues())
 
 
-def _pending_count(reply: Any) -> int:
-    if isinstance(reply, ResponseError | None):  # no such stream (or group) yet
-        return 0
-    return int(reply["pending"])
-
-
 async def _stats(store: Store, queues: Sequence[str]) -> list[QueueStats]:
     """Round trip 1: every XLEN, XPENDING and paused flag, the DLQ's XLEN, the worker set and
     the Redis clock; 2: the worker hashes; then the chunked pass over the schedule."""
     redis = store.redis
     pipe = redis.pipeline(transaction=False)
     for q in queues:
-        for stream in keys.queue_streams(q):
-            pipe.xlen(stream)
-            pipe.xpending(stream, keys.CONSUMER_GROUP)
+        read_depth(pipe, q)
         pipe.exists(keys.queue_paused(q))
     pipe.xlen(keys.DEAD_LETTER)
     pipe.smembers(keys.WORKERS)
@@ -57,14 +57,13 @@ async def _stats(store: Store, queues: Sequence[str]) -> list[QueueStats]:
         if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
             raise reply
     dlq_depth, members, now = replies[-3:]
-    live = [w for w in await _worker_infos(store, members, _ms(now)) if w.alive]
+    live = [w for w in await _worker_infos(store, members, time_reply_ms(now)) if w.alive]
     scheduled = await _scheduled_per_queue(store)
     out = []
-    per_queue = 2 * len(keys.PRIORITIES) + 1
+    per_queue = DEPTH_READS + 1
     for i, q in enumerate(queues):
         chunk = replies[i * per_queue : (i + 1) * per_queue]
-        depth = sum(int(n) for n in chunk[0:-1:2] if not isinstance(n, Exception))
-        pending = sum(_pending_count(p) for p in chunk[1:-1:2])
+        depth, pending = queue_depth(chunk[:-1])
         out.append(
             QueueStats(
                 queue=q,
@@ -105,17 +104,12 @@ async def _scheduled_per_queue(store: Store) -> Counter[str]:
     return counts
 
 
-def _ms(redis_time: Sequence[Any]) -> int:
-    sec, usec = redis_time
-    return int(sec) * 1000 + int(usec) // 1000
-
-
 async def _worker_infos(store: Store, members: Iterable[str], now_ms: int) -> list[WorkerInfo]:
     ids = sorted(members)
     pipe = store.redis.pipeline(transaction=False)
     for wid in ids:
         pipe.hgetall(keys.worker(wid))
-    stale_ms = round(STALE_HEARTBEATS * store.settings.heartbeat_interval_s * 1000)
+    stale_ms = stale_after_ms(store.settings.heartbeat_interval_s)
     return [
         WorkerInfo.from_hash(wid, h, now_ms, stale_ms)
         for wid, h in zip(ids, await pipe.execute(), strict=True)
@@ -130,7 +124,7 @@ async def workers(store: Store) -> list[WorkerInfo]:
     pipe.smembers(keys.WORKERS)
     pipe.time()
     members, now = await pipe.execute()
-    return await _worker_infos(store, members, _ms(now))
+    return await _worker_infos(store, members, time_reply_ms(now))
 
 
 async def worker(store: Store, worker_id: str) -> WorkerInfo:
@@ -138,7 +132,7 @@ async def worker(store: Store, worker_id: str) -> WorkerInfo:
     pipe = store.redis.pipeline(transaction=False)
     pipe.time()
     now = (await pipe.execute())[0]
-    found = await _worker_infos(store, [worker_id], _ms(now))
+    found = await _worker_infos(store, [worker_id], time_reply_ms(now))
     if not found:
         raise WorkerNotFoundError(
             f"worker {worker_id} not found (it stopped, or its heartbeat expired)",

@@ -1,5 +1,5 @@
-"""Prometheus metrics: every metric of contract section 9, the expiration metrics of issue 4,
-and the gauges read from Redis at scrape time.
+"""Prometheus metrics: every metric of contract section 9, the expiration metrics
+(docs/expiration.md), and the gauges read from Redis at scrape time.
 
 One :class:`Metrics` per process holds every family in its own registry (nothing is created at
 import). Who counts what, each where the thing happens (``docs/operations.md`` has the table):

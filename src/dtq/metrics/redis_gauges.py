@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -15,8 +14,16 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from dtq import keys
-from dtq.clock import RedisClock
+from dtq.clock import RedisClock, local_ms
 from dtq.config import Settings
+from dtq.views import (
+    DEPTH_READS,
+    LIVENESS_FIELDS,
+    queue_depth,
+    read_depth,
+    stale_after_ms,
+    worker_liveness,
+)
 
 __all__ = ["EXPIRING_CAP", "OpHook", "RedisGauges"]
 
@@ -27,7 +34,6 @@ OpHook = Callable[[str, bool], None]
 
 EXPIRING_CAP = 10_000
 DEFAULT_QUEUE = "default"
-STALE_HEARTBEATS = 3  # contract section 6
 
 
 @dataclass
@@ -55,7 +61,7 @@ class _Reads:
     dlq: int
     expiring: list[str]
     counts: dict[str, list[Any]]  # queue -> XLEN, XPENDING, ... of its ten streams
-    beats: dict[str, Any]  # worker id -> last_heartbeat_ms (None: hash gone)
+    beats: dict[str, dict[str, Any] | None]  # worker id -> its liveness fields (None: gone)
 
 
 class RedisGauges:
@@ -65,7 +71,8 @@ class RedisGauges:
     ``TIME``; ``SMEMBERS dtq:queues`` and ``dtq:workers``; ``ZCARD dtq:retry:schedule``;
     ``XLEN dtq:stream:dead-letter``; ``ZRANGEBYSCORE dtq:expiry -inf <now + window>`` (at most
     10,000 members); and, for every queue and worker known from the previous scrape, ``XLEN``
-    and ``XPENDING`` of its ten streams and ``HGET last_heartbeat_ms`` of its hash. A second
+    and ``XPENDING`` of its ten streams and ``EXISTS`` and ``HMGET`` of its hash's liveness
+    fields (:data:`dtq.views.LIVENESS_FIELDS`). A second
     round trip happens only for what the first discovered: a queue or worker not seen before,
     or an expiring task whose queue is not known yet (a task's queue never changes, so it is
     looked up once while it stays in the window).
@@ -76,9 +83,10 @@ class RedisGauges:
     Overdue members the sweep has not reached yet (within a second) are included. Past 10,000
     such members the counts cover the 10,000 soonest (a warning is logged).
 
-    Workers: ``active`` have a heartbeat younger than three ``DTQ_HEARTBEAT_INTERVAL_S`` on the
-    Redis clock (the API must use the workers' interval); ``stale`` are still listed in
-    ``dtq:workers`` but older, or their hash is gone.
+    Workers (listed in ``dtq:workers``), judged by :func:`dtq.views.worker_liveness` on the
+    Redis clock with this process's ``DTQ_HEARTBEAT_INTERVAL_S`` (the API must use the workers'
+    interval): ``active`` are alive (a worker that has not written its first heartbeat yet
+    included), ``stale`` have a heartbeat older than three intervals, or their hash is gone.
 
     If Redis fails, the gauges are left out of that scrape (the process's own metrics are
     still served) and ``dtq_redis_operations_total{operation="collect",result="error"}`` grows.
@@ -145,16 +153,14 @@ class RedisGauges:
         pipe.zcard(keys.RETRY_SCHEDULE)
         pipe.xlen(keys.DEAD_LETTER)
         pipe.zrangebyscore(keys.EXPIRY, "-inf", window_end, start=0, num=self.expiring_cap)
-        _queue_reads(pipe, queues)
-        for wid in workers:
-            pipe.hget(keys.worker(wid), "last_heartbeat_ms")
-        before_ms = time.time() * 1000
+        for q in queues:
+            read_depth(pipe, q)
+        _worker_reads(pipe, workers)
+        before_ms = local_ms()
         replies = await _execute(pipe)
-        after_ms = time.time() * 1000
+        now_ms = self.clock.observe(replies[0], before_ms, local_ms())
         self.round_trips += 1
-        redis_time, queue_set, worker_set, scheduled, dlq, expiring = replies[:6]
-        now_ms = int(redis_time[0]) * 1000 + int(redis_time[1]) // 1000
-        self.clock.offset_ms = now_ms - (before_ms + after_ms) / 2
+        queue_set, worker_set, scheduled, dlq, expiring = replies[1:6]
         rest = replies[6:]
         split = len(queues) * PER_QUEUE
         return _Reads(
@@ -165,7 +171,7 @@ class RedisGauges:
             dlq=int(dlq),
             expiring=[str(t) for t in expiring],
             counts=_per_queue(queues, rest[:split]),
-            beats=dict(zip(workers, rest[split:], strict=True)),
+            beats=_per_worker(workers, rest[split:]),
         )
 
     async def _discover(self, redis: Redis, reads: _Reads) -> None:
@@ -185,17 +191,18 @@ class RedisGauges:
         if not (new_queues or new_workers or unknown):
             return
         pipe = redis.pipeline(transaction=False)
-        _queue_reads(pipe, new_queues)
-        for wid in new_workers:
-            pipe.hget(keys.worker(wid), "last_heartbeat_ms")
+        for q in new_queues:
+            read_depth(pipe, q)
+        _worker_reads(pipe, new_workers)
         for tid in unknown:
             pipe.hget(keys.task(tid), "queue")
         more = await _execute(pipe)
         self.round_trips += 1
         split = len(new_queues) * PER_QUEUE
         reads.counts.update(_per_queue(new_queues, more[:split]))
-        beats, queues_of = more[split : split + len(new_workers)], more[split + len(new_workers) :]
-        reads.beats.update(zip(new_workers, beats, strict=True))
+        beats_end = split + 2 * len(new_workers)
+        reads.beats.update(_per_worker(new_workers, more[split:beats_end]))
+        queues_of = more[beats_end:]
         for tid, queue in zip(unknown, queues_of, strict=True):
             if queue is not None:
                 self._task_queue[tid] = str(queue)
@@ -207,20 +214,16 @@ class RedisGauges:
             max_queue_depth=self.settings.max_queue_depth,
         )
         for q in sorted(reads.queues):
-            replies = reads.counts[q]
-            snap.depth[q] = sum(int(n) for n in replies[0::2] if not isinstance(n, Exception))
-            snap.pending[q] = sum(_pending(p) for p in replies[1::2])
+            snap.depth[q], snap.pending[q] = queue_depth(reads.counts[q])
             snap.near_expiration[q] = 0
         near = Tally(self._task_queue[t] for t in reads.expiring if t in self._task_queue)
         for q, n in near.items():
             snap.near_expiration[q] = snap.near_expiration.get(q, 0) + n
-        limit_ms = STALE_HEARTBEATS * self.settings.heartbeat_interval_s * 1000
+        stale_ms = stale_after_ms(self.settings.heartbeat_interval_s)
         for wid in reads.workers:
-            beat = _int(reads.beats.get(wid))
-            if beat is not None and reads.now_ms - beat <= limit_ms:
-                snap.workers_active += 1
-            else:
-                snap.workers_stale += 1
+            live = worker_liveness(reads.beats.get(wid), reads.now_ms, stale_ms)
+            snap.workers_active += int(live.alive)
+            snap.workers_stale += int(live.stale)
         return snap
 
     # -- the collector side -----------------------------------------------------------------------
@@ -271,18 +274,27 @@ class RedisGauges:
         )
 
 
-PER_QUEUE = 2 * len(keys.PRIORITIES)  # replies per queue: XLEN and XPENDING of each stream
+PER_QUEUE = DEPTH_READS
 
 
 def _per_queue(queues: Sequence[str], replies: Sequence[Any]) -> dict[str, list[Any]]:
     return {q: list(replies[i * PER_QUEUE : (i + 1) * PER_QUEUE]) for i, q in enumerate(queues)}
 
 
-def _queue_reads(pipe: Any, queues: Sequence[str]) -> None:
-    for q in queues:
-        for stream in keys.queue_streams(q):
-            pipe.xlen(stream)
-            pipe.xpending(stream, keys.CONSUMER_GROUP)
+def _worker_reads(pipe: Any, workers: Sequence[str]) -> None:
+    for wid in workers:
+        pipe.exists(keys.worker(wid))
+        pipe.hmget(keys.worker(wid), *LIVENESS_FIELDS)
+
+
+def _per_worker(workers: Sequence[str], replies: Sequence[Any]) -> dict[str, dict[str, Any] | None]:
+    """Each worker's liveness fields from :func:`_worker_reads`' replies (None: hash gone)."""
+    out: dict[str, dict[str, Any] | None] = {}
+    for i, wid in enumerate(workers):
+        exists, values = replies[2 * i], replies[2 * i + 1]
+        ok = exists and not isinstance(exists, Exception) and not isinstance(values, Exception)
+        out[wid] = dict(zip(LIVENESS_FIELDS, values, strict=True)) if ok else None
+    return out
 
 
 async def _execute(pipe: Any) -> list[Any]:
@@ -292,18 +304,3 @@ async def _execute(pipe: Any) -> list[Any]:
         if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
             raise reply
     return replies
-
-
-def _pending(reply: Any) -> int:
-    if isinstance(reply, Exception) or not reply:
-        return 0
-    return int(reply["pending"])
-
-
-def _int(value: Any) -> int | None:
-    if value is None or value == "":
-        return None
-    try:
-        return int(float(value))
-    except (TypeError, ValueError):
-        return None

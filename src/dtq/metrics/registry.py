@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from threading import Thread
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -18,13 +18,14 @@ from prometheus_client import (
     start_http_server,
 )
 from prometheus_client.metrics import MetricWrapperBase
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from dtq import keys
 from dtq.config import Settings
 from dtq.metrics.redis_gauges import OpHook, RedisGauges
 from dtq.models import QUEUE_RE, TASK_TYPE_RE
+
+if TYPE_CHECKING:  # the clients are handed in; only the scrape-time gauges import redis
+    from redis.asyncio import Redis
 
 __all__ = [
     "ATTEMPT_RESULTS",
@@ -282,7 +283,7 @@ def count_commands(redis: Redis, hook: OpHook) -> None:
         name = str(args[0]).lower() if args else "unknown"
         try:
             reply = await original(*args, **options)
-        except (RedisError, OSError):
+        except Exception:  # refused, or Redis unavailable: a failed operation either way
             hook(name, False)
             raise
         hook(name, True)

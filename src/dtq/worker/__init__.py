@@ -1,5 +1,27 @@
-"""The dtq worker: ``run_worker`` (what ``dtq worker run`` and ``python -m dtq.worker`` call)
-and :class:`Worker`, the engine (see :mod:`dtq.worker.worker`)."""
+"""The dtq worker: ``run_worker`` (what ``dtq worker run`` calls, and ``python -m dtq.worker``
+through it) and :class:`Worker`, the engine.
+
+One task's path, file by file; each step calls only the next ones, and every script goes
+through :mod:`dtq.calls`:
+
+1. ``worker.py`` (:class:`Worker`): the loops (poll, reaper, cancel watcher, finisher,
+   scheduler, heartbeat) and the ordered shutdown;
+2. ``intake.py``: entries come in: read.lua for the poll loops, ``XAUTOCLAIM`` for the reaper,
+   ``XCLAIM`` of a dead process's entries, each read within slots reserved from the executor;
+3. ``execution.py`` (:class:`~dtq.worker.execution.Executor`): the slots, start.lua for each
+   read batch, one asyncio task per started entry, cancel requests and lost leases;
+4. ``handlers.py`` (:class:`~dtq.worker.handlers.Runner`): the run of one entry: what its
+   handler gets (payload, TaskContext), the lease check right before it, the handler under
+   its timeout (a sync one on a thread), how it ended as an outcome;
+5. ``finish.py`` (:class:`~dtq.worker.finish.Finisher`): finish.lua in one pipeline per
+   event-loop tick, the replies, the counts and the end events.
+
+Beside the path: ``heartbeat.py`` (its own thread: touch.lua and the worker hash),
+``scheduler.py`` and ``consumers.py`` (the leader's promotions, expiry sweep, stale workers and
+idle consumers), ``observer.py`` (the lifecycle events and their hooks), ``telemetry.py``
+(metrics and logs as observers), ``outage.py`` (the one "Redis unavailable" reporter),
+``supervisor.py`` (``--processes``), ``connection.py`` (the Redis client).
+"""
 
 from __future__ import annotations
 
@@ -14,9 +36,8 @@ from collections.abc import Mapping, Sequence
 from redis.exceptions import RedisError
 
 from dtq.config import Settings, redact_url
-from dtq.errors import ConfigError, InvalidTaskError
+from dtq.errors import ConfigError
 from dtq.log import configure_logging, set_process_fields
-from dtq.models import check_queue_name
 from dtq.worker.supervisor import supervise as _supervise
 from dtq.worker.telemetry import WorkerTelemetry as _WorkerTelemetry
 from dtq.worker.worker import Worker, WorkerObserver, new_worker_id
@@ -25,15 +46,6 @@ from dtq_tasks import Handler, load_task_modules
 __all__ = ["Worker", "WorkerObserver", "new_worker_id", "run_worker"]
 
 log = logging.getLogger(__name__)
-
-
-def _check_queues(queues: Sequence[str]) -> list[str]:
-    for q in queues:
-        try:
-            check_queue_name(q)
-        except InvalidTaskError as exc:
-            raise ConfigError(exc.message) from None
-    return list(dict.fromkeys(queues))
 
 
 def _configure_logging(settings: Settings) -> None:
@@ -50,17 +62,15 @@ def run_worker(
 ) -> int:
     """Run a worker (or ``processes`` supervised ones) until SIGTERM/SIGINT.
 
-    Exit code: 0 after a clean stop; 1 when Redis is unreachable or fails; 2 for invalid input
-    (queue name, concurrency, processes, a task module that cannot be imported).
+    The flags arrive parsed and checked by ``dtq worker run`` (:mod:`dtq_cli.parser`: queue
+    names, ``concurrency`` and ``processes`` at least 1). Exit code: 0 after a clean stop; 1
+    when Redis is unreachable or fails; 2 for a task module that cannot be imported, or no
+    metrics port for each process.
     """
     _configure_logging(settings)
     modules = task_modules if task_modules is not None else settings.task_module_list
+    served = list(dict.fromkeys(queues or ["default"]))
     try:
-        served = _check_queues(queues or ["default"])
-        if concurrency is not None and concurrency < 1:
-            raise ConfigError(f"--concurrency must be at least 1, not {concurrency}")
-        if processes < 1:
-            raise ConfigError(f"--processes must be at least 1, not {processes}")
         if settings.worker_metrics_port and settings.worker_metrics_port + processes - 1 > 65535:
             raise ConfigError(
                 f"DTQ_WORKER_METRICS_PORT={settings.worker_metrics_port} leaves no port for "
@@ -95,16 +105,19 @@ def _run_one(
 ) -> int:
     """One worker in this process until SIGTERM/SIGINT; ``ready_fd`` (a supervised child) gets
     one byte once its loops run; ``adopt``: dead predecessors whose entries it takes over."""
+    worker_id = settings.worker_id or new_worker_id()
     telemetry = _WorkerTelemetry(handlers)
     worker = Worker(
         settings,
         queues=queues,
         concurrency=concurrency,
         handlers=handlers,
+        worker_id=worker_id,
+        observers=telemetry.observers(worker_id),
         on_redis_op=telemetry.metrics.script_call,
         adopt=adopt,
     )
-    telemetry.attach(worker)
+    telemetry.watch(worker)
     set_process_fields(worker_id=worker.worker_id)
     telemetry.serve(settings.worker_metrics_host, settings.worker_metrics_port)
     try:

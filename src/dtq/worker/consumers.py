@@ -1,4 +1,4 @@
-"""Consumers of the ``workers`` group that nobody needs any more are deleted (issue 9, scenario 7).
+"""Consumers of the ``workers`` group that nobody needs any more are deleted.
 
 Every worker id that reads a stream (``XREADGROUP``, ``XAUTOCLAIM``) becomes a consumer of that
 stream's group, and Redis never removes one by itself: a deployment that restarts workers often
@@ -9,11 +9,11 @@ entries and lose their tasks). Who deletes:
 - a worker at graceful stop, its own consumers on the streams of its queues
   (:func:`drop_own`); where the drain left an entry unacknowledged, that consumer stays;
 - the scheduler leader, every stale-worker check (:func:`drop_dead`): the consumers of workers
-  that are not alive (no ``dtq:worker:<id>`` hash, or its heartbeat older than three
-  intervals) that hold no pending entry and have been idle for at least the visibility
-  timeout, on the streams of the queues in ``dtq:queues`` and of the queues live workers
-  serve. A dead worker's pending entries are claimed by its peers' reapers after the visibility
-  timeout; its consumer goes at the first check after that.
+  that are not alive (:func:`dtq.views.worker_liveness`: no ``dtq:worker:<id>`` hash, its
+  heartbeat older than three intervals, or stopped) that hold no pending entry and have been
+  idle for at least the visibility timeout, on the streams of the queues in ``dtq:queues``
+  and of the queues live workers serve. A dead worker's pending entries are claimed by its
+  peers' reapers after the visibility timeout; its consumer goes at the first check after.
 
 A live worker whose idle consumer was deleted (its heartbeat was late, say) is not harmed: its
 next read creates the consumer again, and an entry it holds keeps its consumer alive.
@@ -26,8 +26,9 @@ from typing import Any, cast
 
 from dtq import calls, keys
 from dtq.store import Store
+from dtq.views import LIVENESS_FIELDS, worker_liveness
 
-__all__ = ["drop_dead", "drop_own", "heartbeat_ms", "worker_alive", "worker_states"]
+__all__ = ["drop_dead", "drop_own", "worker_states"]
 
 
 async def drop_own(store: Store, worker_id: str, queues: Sequence[str]) -> list[str]:
@@ -60,34 +61,18 @@ async def drop_own(store: Store, worker_id: str, queues: Sequence[str]) -> list[
     return kept
 
 
-def heartbeat_ms(value: str | None) -> int | None:
-    """A worker hash's ``last_heartbeat_ms`` as an int (None when missing or not a number)."""
-    if not value:
-        return None
-    try:
-        return int(float(value))
-    except ValueError:
-        return None
-
-
-def worker_alive(exists: int, last_heartbeat_ms: str | None, now_ms: int, limit_ms: int) -> bool:
-    """The contract's liveness rule: a hash whose heartbeat is at most ``limit_ms`` old (a hash
-    without one yet is a worker starting)."""
-    if not exists:
-        return False
-    beat_ms = heartbeat_ms(last_heartbeat_ms)
-    return beat_ms is None or now_ms - beat_ms <= limit_ms
-
-
-async def worker_states(store: Store, ids: Sequence[str]) -> list[tuple[int, str | None]]:
-    """(EXISTS ``dtq:worker:<id>``, its ``last_heartbeat_ms``) of each of ``ids``, in order,
-    in one pipeline: what :func:`worker_alive` judges."""
+async def worker_states(store: Store, ids: Sequence[str]) -> list[dict[str, str | None] | None]:
+    """The liveness fields of each of ``ids``' hash, in order (None: the hash is gone), in one
+    pipeline: what :func:`dtq.views.worker_liveness` judges."""
     pipe = store.redis.pipeline(transaction=False)
     for wid in ids:
         pipe.exists(keys.worker(wid))
-        pipe.hget(keys.worker(wid), "last_heartbeat_ms")
+        pipe.hmget(keys.worker(wid), *LIVENESS_FIELDS)
     flat = await pipe.execute()
-    return [(int(exists), beat) for exists, beat in zip(flat[::2], flat[1::2], strict=True)]
+    return [
+        dict(zip(LIVENESS_FIELDS, values, strict=True)) if exists else None
+        for exists, values in zip(flat[::2], flat[1::2], strict=True)
+    ]
 
 
 async def drop_dead(
@@ -117,8 +102,8 @@ async def drop_dead(
         return []
     dead = {
         name
-        for name, (exists, beat) in zip(names, await worker_states(store, names), strict=True)
-        if not worker_alive(exists, beat, now_ms, stale_ms)
+        for name, h in zip(names, await worker_states(store, names), strict=True)
+        if not worker_liveness(h, now_ms, stale_ms).alive
     }
     drops = [
         (stream, [c for c in consumers if c in dead])

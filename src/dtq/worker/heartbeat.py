@@ -18,6 +18,8 @@ other Redis error is logged with its trace.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -36,6 +38,7 @@ from dtq.config import Settings
 from dtq.events import make_event
 from dtq.models import format_ts
 from dtq.scripts import Scripts
+from dtq.views import stale_after_ms
 from dtq.worker.outage import TRANSIENT, RedisOutage
 
 __all__ = ["Heartbeat"]
@@ -48,8 +51,9 @@ AT_RISK_FRACTION = 0.8
 
 class Heartbeat:
     """The heartbeat thread of one worker. ``snapshot()`` returns the (stream, entry id) pairs
-    in flight and ``stats()`` the worker hash's changing fields; ``on_lost`` receives entry
-    ids this worker no longer owns (called on the heartbeat thread)."""
+    in flight and ``stats()`` the worker hash's changing fields (both called on the heartbeat
+    thread); ``on_lost`` receives entry ids this worker no longer owns, called on the event
+    loop given to :meth:`start`."""
 
     def __init__(
         self,
@@ -77,25 +81,27 @@ class Heartbeat:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._redis: redis.Redis | None = None
         self._rng = random.Random()
         self._started_ms = 0
         self._last_ok = time.monotonic()
         self._at_risk_logged = False
         self.status = "starting"
-        self.beats = 0
 
     # -- control (event loop side) --------------------------------------------------------------
 
-    def start(self) -> None:
-        """Connect, write the first beat (status starting) and start the thread."""
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Connect, write the first beat (status starting) and start the thread; lost leases
+        are told to ``on_lost`` on ``loop``."""
+        self._loop = loop
         self._redis = redis.Redis.from_url(
             self.settings.redis_url,
             decode_responses=True,
             socket_connect_timeout=5,
             socket_timeout=max(2.0, self.settings.heartbeat_interval_s),
         )
-        self._sync_clock()
+        self.clock.sync_blocking(self._redis)
         self._started_ms = self.clock.now_ms()
         self.beat()
         self._thread = threading.Thread(
@@ -150,10 +156,11 @@ class Heartbeat:
 
     def beat(self) -> None:
         """One heartbeat; failures are logged, never raised (the next beat tries again)."""
+        assert self._redis is not None
         try:
             self._touch()
             self._write_hash()
-            self._sync_clock()
+            self.clock.sync_blocking(self._redis)
         except TRANSIENT as exc:
             self._outage.failed("heartbeat", exc)
             self._check_at_risk()
@@ -163,7 +170,6 @@ class Heartbeat:
             self._check_at_risk()
             return
         self._outage.ok("heartbeat")
-        self.beats += 1
         self._last_ok = time.monotonic()
         self._at_risk_logged = False
 
@@ -173,10 +179,11 @@ class Heartbeat:
             return
         assert self._redis is not None
         lost = calls.touch_blocking(self._redis, self.scripts, self.worker_id, owned)
-        if lost:
+        if lost and self._loop is not None:
             # Most are entries finished between the snapshot and the touch; the worker keeps
             # (and logs) only those still running here.
-            self._on_lost(lost)
+            with contextlib.suppress(RuntimeError):  # the loop is closing: nothing to stop
+                self._loop.call_soon_threadsafe(self._on_lost, lost)
 
     def _write_hash(self) -> None:
         assert self._redis is not None
@@ -194,7 +201,8 @@ class Heartbeat:
             "status": self._reported_status(stats),
             **{k: int(v) for k, v in stats.items()},
         }
-        ttl_ms = max(1, round(3 * self.settings.heartbeat_interval_s * 1000))
+        # The hash goes when its worker is stale (dtq.views: three intervals without a beat).
+        ttl_ms = max(1, stale_after_ms(self.settings.heartbeat_interval_s))
         pipe = self._redis.pipeline(transaction=False)
         pipe.hset(keys.worker(self.worker_id), mapping=fields)  # type: ignore[arg-type]
         pipe.pexpire(keys.worker(self.worker_id), ttl_ms)
@@ -206,13 +214,6 @@ class Heartbeat:
         if self.status == "running":
             return "busy" if int(stats.get("active_tasks", 0)) > 0 else "ready"
         return self.status
-
-    def _sync_clock(self) -> None:
-        assert self._redis is not None
-        before = time.time() * 1000
-        sec, usec = self._redis.time()
-        after = time.time() * 1000
-        self.clock.offset_ms = int(sec) * 1000 + int(usec) // 1000 - (before + after) / 2
 
     def _check_at_risk(self) -> None:
         silent_s = time.monotonic() - self._last_ok

@@ -19,14 +19,17 @@
 - **reaper**: every ``DTQ_REAPER_INTERVAL_S``, one pipeline of ``XPENDING ... IDLE`` finds the
   entries idle past the visibility timeout (a dead or stalled worker's), then ``XAUTOCLAIM``
   p9 -> p0 with that min-idle, following the cursor to ``0-0``. It claims only slots it holds,
-  but its reservations go ahead of the poll loops' (:meth:`Capacity.reserve` ``urgent``): on
+  but its reservations go ahead of the poll loops' (:meth:`Executor.reserve
+  <dtq.worker.execution.Executor.reserve>` ``urgent``): on
   a fully busy worker the next slots to free go to reclaimed entries, never to fresh reads,
   and the worker never runs more than its concurrency. Redis 6.2 answers nil for an entry
   deleted while pending and keeps it pending: this consumer's pending ids that are gone from
   the stream are acknowledged and logged. Ids that Redis 7 reports deleted are logged.
 
-Entries go to the worker's ``start`` callback (one pipeline of start scripts per batch); a
-stream or group that has vanished (NOGROUP) is created again.
+Every read holds slots reserved from the executor first (:mod:`dtq.worker.execution`, which
+keeps the worker's capacity), and what it returns goes to :meth:`Executor.start
+<dtq.worker.execution.Executor.start>` with those slots (one pipeline of start scripts per
+batch); a stream or group that has vanished (NOGROUP) is created again.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Container, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from redis.asyncio import Redis
@@ -44,63 +47,15 @@ from dtq import calls, keys
 from dtq.calls import Entry, ReadPlan, ReadReply, parse_read
 from dtq.config import Settings
 from dtq.store import Store
+from dtq.worker.execution import Executor, wait_first
 
-__all__ = ["BLOCK_MS", "PAUSE_REFRESH_S", "READ_BATCH", "Capacity", "Intake"]
+__all__ = ["BLOCK_MS", "PAUSE_REFRESH_S", "READ_BATCH", "Intake"]
 
 log = logging.getLogger(__name__)
 
 READ_BATCH = 64
 BLOCK_MS = 500
 PAUSE_REFRESH_S = 0.5
-
-
-class Capacity:
-    """The free execution slots of one worker (``size`` = its concurrency).
-
-    An ``urgent`` reservation (the reaper's) is served before every other: while one waits,
-    the slots that free up go to it, not to a poll loop.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.free = size
-        self._changed = asyncio.Event()
-        self._urgent = 0
-
-    @property
-    def used(self) -> int:
-        return self.size - self.free
-
-    async def reserve(self, most: int, stopping: asyncio.Event, *, urgent: bool = False) -> int:
-        """Wait for a free slot, then take up to ``most`` (0 once ``stopping`` is set)."""
-        if urgent:
-            self._urgent += 1
-        try:
-            while not stopping.is_set() and (self.free <= 0 or (self._urgent and not urgent)):
-                self._changed.clear()
-                await _first(stopping, self._changed, None)
-        finally:
-            if urgent:
-                self._urgent -= 1
-                if not self._urgent:
-                    self._changed.set()  # the poll loops may take what is left
-        if stopping.is_set():
-            return 0
-        return self.take(most)
-
-    def take(self, most: int) -> int:
-        """Take up to ``most`` free slots now, without waiting."""
-        n = max(0, min(self.free, most))
-        self.free -= n
-        return n
-
-    def release(self, n: int = 1) -> None:
-        if n > 0:
-            self.free += n
-            self._changed.set()
-
-
-StartFn = Callable[[Sequence[Entry]], Awaitable[None]]
 
 
 class Intake:
@@ -112,9 +67,7 @@ class Intake:
         settings: Settings,
         worker_id: str,
         queues: Sequence[str],
-        capacity: Capacity,
-        start: StartFn,
-        in_flight: Container[str],
+        execution: Executor,
         stopping: asyncio.Event,
     ) -> None:
         self.store = store
@@ -122,9 +75,7 @@ class Intake:
         self.settings = settings
         self.worker_id = worker_id
         self.queues = list(queues)
-        self.capacity = capacity
-        self._start = start
-        self._in_flight = in_flight
+        self.execution = execution
         self._stopping = stopping
         self._plan = ReadPlan(self.queues, worker_id)
         self._paused: frozenset[str] = frozenset()
@@ -140,7 +91,7 @@ class Intake:
     async def poll(self) -> None:
         """Read, start, repeat; wait when there is nothing to read; return once stopping."""
         while not self._stopping.is_set():
-            n = await self.capacity.reserve(READ_BATCH, self._stopping)
+            n = await self.execution.reserve(READ_BATCH, self._stopping)
             if n == 0:
                 return
             try:
@@ -148,13 +99,15 @@ class Intake:
                 if got.since and not self._blocking and n >= len(got.since):
                     got = await self._read_blocking(got.since, n)
             except BaseException:
-                self.capacity.release(n)
+                self.execution.give_back(n)
                 raise
-            self.capacity.release(n - len(got.entries))
             if got.entries:
                 self._found.set()
-                await asyncio.shield(self._start(got.entries))  # read entries are always started
-            elif got.nogroup:
+                # Read entries are always started; the slots they do not fill come back.
+                await asyncio.shield(self.execution.start(got.entries, n))
+                continue
+            self.execution.give_back(n)
+            if got.nogroup:
                 for queue in dict.fromkeys(keys.stream_queue(s)[0] for s in got.nogroup):
                     await self.store.ensure_groups(queue)
             elif not got.since:  # a blocking read that timed out, or every queue paused
@@ -162,7 +115,7 @@ class Intake:
                     await _wait(self._stopping, PAUSE_REFRESH_S)
             elif self._blocking:  # another loop watches the streams
                 self._found.clear()
-                await _first(self._stopping, self._found, BLOCK_MS / 1000)
+                await wait_first(self._stopping, self._found, BLOCK_MS / 1000)
             else:  # too few slots to read every stream blocking: only watch them
                 self._blocking = True
                 try:
@@ -235,7 +188,7 @@ class Intake:
             cursor, seen = "0-0", 0
             while True:
                 want = READ_BATCH if idle is None else min(READ_BATCH, idle - seen)
-                n = await self.capacity.reserve(want, self._stopping, urgent=True)
+                n = await self.execution.reserve(want, self._stopping, urgent=True)
                 if n == 0:
                     return started
                 try:
@@ -243,13 +196,13 @@ class Intake:
                         stream, keys.CONSUMER_GROUP, self.worker_id, min_idle_ms, cursor, count=n
                     )
                 except ResponseError as exc:
-                    self.capacity.release(n)
+                    self.execution.give_back(n)
                     if "NOGROUP" not in str(exc):
                         raise
                     await self.store.ensure_groups(keys.stream_queue(stream)[0])
                     break
                 except BaseException:
-                    self.capacity.release(n)
+                    self.execution.give_back(n)
                     raise
                 cursor = str(reply[0])
                 deleted = reply[2] if len(reply) > 2 else []
@@ -289,7 +242,7 @@ class Intake:
                 if "NOGROUP" not in str(rows):
                     raise rows
                 continue  # no group: nothing was delivered from this stream
-            n = self.capacity.take(len(rows))
+            n = self.execution.take(len(rows))
             if n == 0:
                 continue
             ids: list[str | bytes | int | memoryview[int]] = [
@@ -298,7 +251,7 @@ class Intake:
             try:
                 items = await self.redis.xclaim(stream, keys.CONSUMER_GROUP, self.worker_id, 0, ids)
             except BaseException:
-                self.capacity.release(n)
+                self.execution.give_back(n)
                 raise
             what = f"taking over {{}} of {consumer} (its process exited)"
             started += (await self._start_claimed(stream, items, n, what))[0]
@@ -312,11 +265,12 @@ class Intake:
         while pending resolved. ``what``: the log line, ``{}`` for "N entries". Returns (how many
         were started, how many ids the claim returned)."""
         entries, bad, nil = _claimed(stream, items)
-        self.capacity.release(reserved - len(entries))
         if entries:
             n = len(entries)
             log.warning("%s from %s", what.format(f"{n} entr{'y' if n == 1 else 'ies'}"), stream)
-            await asyncio.shield(self._start(entries))
+            await asyncio.shield(self.execution.start(entries, reserved))
+        else:
+            self.execution.give_back(reserved)
         if bad:
             await self._drop_unusable(bad)
         if nil:
@@ -327,7 +281,7 @@ class Intake:
         """(stream, how many of its entries are idle past ``min_idle_ms``, None for at least a
         full page) of the active streams that have any, p9 first: one pipeline."""
         streams = self.active_streams()
-        page = max(self.capacity.size, READ_BATCH)
+        page = max(self.execution.slots, READ_BATCH)
         pipe = self.redis.pipeline(transaction=False)
         for stream in streams:
             pipe.xpending_range(stream, keys.CONSUMER_GROUP, "-", "+", page, idle=min_idle_ms)
@@ -349,7 +303,9 @@ class Intake:
             stream, keys.CONSUMER_GROUP, "-", "+", 1000, consumername=self.worker_id
         )
         candidates = [
-            str(p["message_id"]) for p in mine if str(p["message_id"]) not in self._in_flight
+            str(p["message_id"])
+            for p in mine
+            if str(p["message_id"]) not in self.execution.inflight
         ]
         if not candidates:
             return
@@ -388,13 +344,3 @@ async def _wait(stopping: asyncio.Event, seconds: float) -> None:
     """Sleep ``seconds``, returning early when ``stopping`` is set."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stopping.wait(), seconds)
-
-
-async def _first(stopping: asyncio.Event, event: asyncio.Event, seconds: float | None) -> None:
-    """Wait until ``event`` or ``stopping`` is set, or ``seconds`` have passed (None: no limit)."""
-    waits = {asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(event.wait())}
-    try:
-        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()

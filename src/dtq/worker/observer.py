@@ -1,34 +1,104 @@
-"""The worker's lifecycle hooks (STYLE 7): metrics, logs and tests subscribe; the executor knows
-nothing of them."""
+"""The worker's lifecycle events and the hooks that receive them (STYLE 7).
+
+Metrics, logs and tests subscribe with a :class:`WorkerObserver`; the executor knows nothing of
+them. Each event is a small frozen record of what happened, with its labels (queue, task type,
+status, result): an observer gets no Redis client and no piece of the worker, and needs no I/O
+to do its work. Hooks are called on the event loop; an observer must not block or raise.
+
+Attempt results (:attr:`TaskFinished.result`): ``success`` the handler returned; ``timeout`` it
+passed ``timeout_ms`` (or raised TimeoutError); ``failure`` it raised anything else, or asked
+to run later (RescheduleError); ``error`` dtq ended the attempt without the handler's word:
+unknown task type, payload not valid, result not JSON, cancelled while running.
+"""
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
+from dataclasses import dataclass
 
-from dtq.calls import Entry, Outcome, StartReply
-from dtq.worker.executor import Execution
-from dtq.worker.scheduler import TickResult
+__all__ = [
+    "Labels",
+    "SchedulerBatch",
+    "TaskFinished",
+    "TaskSkipped",
+    "TaskStarted",
+    "WorkerObserver",
+]
 
-__all__ = ["WorkerObserver"]
+Labels = tuple[str, str]
+"""(queue, task_type) of a task."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStarted:
+    """start.lua made the task RUNNING; its handler is about to run."""
+
+    task_id: str
+    queue: str
+    task_type: str
+    attempt: int
+    wait_ms: int | None  # created -> started, on the first attempt of a task that has both
+    payload: str  # as delivered (JSON)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSkipped:
+    """start.lua consumed an entry without running it: ``kind`` is missing, terminal,
+    cancelled, duplicate, expired, dead or fenced, ``detail`` its reason. ``completed`` is the
+    terminal status this start recorded (expired, cancelled, failed, dead_lettered), if any."""
+
+    task_id: str
+    queue: str
+    task_type: str
+    kind: str
+    detail: str
+    completed: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFinished:
+    """An execution ended and finish.lua answered.
+
+    ``status``: what finish.lua recorded (succeeded, retrying, failed, dead_lettered,
+    cancelled), ``fenced`` (another worker owns the entry: nothing written) or ``error`` (the
+    finish could not be sent: the entry stays pending). ``result``: how the attempt ended (see
+    the module docstring). ``execution_ms``: the handler's run time, None when it did not run;
+    ``latency_ms``: created -> finished, None when the task's creation time is unknown;
+    ``retry_delay_ms``: the delay of the retry it scheduled.
+    """
+
+    task_id: str
+    queue: str
+    task_type: str
+    attempt: int
+    status: str
+    result: str
+    duration_ms: int
+    execution_ms: int | None
+    latency_ms: int | None
+    retry_delay_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerBatch:
+    """One batch of a scheduler leader's tick (at most 100 tasks): the labels of each task it
+    promoted from RETRYING back to its stream, and of each it marked EXPIRED (at promotion or
+    by the expiry sweep)."""
+
+    retried: tuple[Labels, ...]
+    expired: tuple[Labels, ...]
 
 
 class WorkerObserver:
-    """Lifecycle hooks (metrics, logs, tests subscribe); the default does nothing.
+    """Lifecycle hooks; the default does nothing."""
 
-    Called on the event loop; an observer must not block or raise.
-    """
-
-    def task_started(self, entry: Entry, start: StartReply) -> None:
+    def task_started(self, event: TaskStarted) -> None:
         """A handler is about to run."""
 
-    def task_skipped(self, entry: Entry, start: StartReply) -> None:
-        """The start checks consumed an entry without running it (kind in ``start.kind``)."""
+    def task_skipped(self, event: TaskSkipped) -> None:
+        """The start checks consumed an entry without running it."""
 
-    def task_finished(
-        self, ex: Execution, status: str, duration_ms: int, outcome: Outcome | None = None
-    ) -> None:
-        """finish.lua recorded ``status`` (or ``fenced``); ``outcome`` is how the run ended."""
+    def task_finished(self, event: TaskFinished) -> None:
+        """An execution's finish was recorded, fenced, or could not be sent."""
 
-    async def scheduler_ticked(self, result: TickResult, redis: Redis) -> None:
-        """This worker's scheduler (the leader) retried or expired tasks: one call per batch
-        (of at most 100) of a tick, with that batch's part of the tick's result."""
+    def scheduler_batch(self, event: SchedulerBatch) -> None:
+        """This worker's scheduler (the leader) retried or expired tasks."""

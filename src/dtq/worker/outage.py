@@ -1,4 +1,4 @@
-"""One "Redis unavailable" reporter per worker process (issue 9, scenario 4).
+"""One "Redis unavailable" reporter per worker process (docs/reliability.md).
 
 Every loop of a worker (poll, reaper, cancel watcher, scheduler, finisher, and the heartbeat on
 its own thread) tells the process's :class:`RedisOutage` when a Redis call failed for a

@@ -1,4 +1,4 @@
-"""``--processes N``: N worker processes under one supervisor (issue 3, item 6).
+"""``--processes N``: N worker processes under one supervisor (docs/operations.md).
 
 Sync handlers share one GIL per process; CPU-bound task types (``fibonacci_task``) use every
 core only with several processes. The supervisor has imported the task modules already; it

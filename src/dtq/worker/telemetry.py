@@ -13,11 +13,8 @@ it knows nothing of Prometheus. Here:
   bound is logged as an error and the worker runs on without the endpoint: processing tasks
   matters more than exposing numbers, and the scrape target shows as down.
 
-Attempt results (``dtq_task_attempts_total{result}`` and ``dtq_worker_tasks_total{result}``):
-``success`` the handler returned; ``timeout`` it passed ``timeout_ms`` (or raised
-TimeoutError); ``failure`` it raised anything else, or asked to run later (RescheduleError);
-``error`` dtq ended the attempt without the handler's word: unknown task type, payload not valid,
-result not JSON, cancelled while running.
+Attempt results are :class:`~dtq.worker.observer.TaskFinished`'s (defined in
+:mod:`dtq.worker.observer`). Each hook reads only its event: no Redis, no I/O.
 """
 
 from __future__ import annotations
@@ -26,18 +23,19 @@ import logging
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from redis.asyncio import Redis
-
-from dtq.calls import Entry, Outcome, StartReply
-from dtq.metrics import COMPLETED_STATUSES, Metrics, MetricsServer, count_commands, task_labels
-from dtq.worker.executor import Execution
-from dtq.worker.scheduler import TickResult
-from dtq.worker.worker import WorkerObserver
+from dtq.metrics import COMPLETED_STATUSES, Metrics, MetricsServer, count_commands
+from dtq.worker.observer import (
+    SchedulerBatch,
+    TaskFinished,
+    TaskSkipped,
+    TaskStarted,
+    WorkerObserver,
+)
 
 if TYPE_CHECKING:
     from dtq.worker.worker import Worker
 
-__all__ = ["LogObserver", "MetricsObserver", "WorkerTelemetry", "attempt_result"]
+__all__ = ["LogObserver", "MetricsObserver", "WorkerTelemetry"]
 
 log = logging.getLogger("dtq.worker.tasks")
 
@@ -52,21 +50,6 @@ EVENT_BY_STATUS = {
 }
 
 
-def attempt_result(ex: Execution, outcome: Outcome) -> str:
-    """success | failure | timeout | error (see the module docstring)."""
-    if outcome.kind == "success":
-        return "success"
-    if outcome.kind == "reschedule":
-        return "failure"
-    if outcome.kind == "cancelled":
-        return "error"
-    if ex.handler_task is None or outcome.error_class == "ResultNotSerializable":
-        return "error"
-    if outcome.error_class == "TimeoutError":
-        return "timeout"
-    return "failure"
-
-
 class MetricsObserver(WorkerObserver):
     """Counts what one worker does into ``metrics``."""
 
@@ -74,93 +57,73 @@ class MetricsObserver(WorkerObserver):
         self.metrics = metrics
         self.worker_id = worker_id
 
-    def task_started(self, entry: Entry, start: StartReply) -> None:
-        wait_s = None
-        if start.attempt == 1 and start.created_ms is not None:
-            wait_s = (start.started_ms - start.created_ms) / 1000
-        self.metrics.task_started(entry.queue, entry.task_type, wait_s)
+    def task_started(self, event: TaskStarted) -> None:
+        wait_s = None if event.wait_ms is None else event.wait_ms / 1000
+        self.metrics.task_started(event.queue, event.task_type, wait_s)
 
-    def task_skipped(self, entry: Entry, start: StartReply) -> None:
-        if start.kind == "expired":
-            self.metrics.task_completed(entry.queue, entry.task_type, "expired")
-        elif start.kind == "dead" and start.detail in COMPLETED_STATUSES:
-            self.metrics.task_completed(entry.queue, entry.task_type, start.detail)
-        elif start.kind == "cancelled" and start.detail:  # cancelled by this start, not before
-            self.metrics.task_completed(entry.queue, entry.task_type, "cancelled")
+    def task_skipped(self, event: TaskSkipped) -> None:
+        if event.completed is not None:
+            self.metrics.task_completed(event.queue, event.task_type, event.completed)
 
-    def task_finished(
-        self, ex: Execution, status: str, duration_ms: int, outcome: Outcome | None = None
-    ) -> None:
-        if outcome is None:
-            return
-        entry, start = ex.entry, ex.start
-        ran = ex.handler_task is not None
+    def task_finished(self, event: TaskFinished) -> None:
+        queue, task_type, status = event.queue, event.task_type, event.status
+        execution_ms = event.execution_ms
         self.metrics.attempt_ended(
-            entry.queue,
-            entry.task_type,
+            queue,
+            task_type,
             self.worker_id,
-            attempt_result(ex, outcome),
-            outcome.duration_ms / 1000 if ran else None,
+            event.result,
+            None if execution_ms is None else execution_ms / 1000,
         )
         if status in COMPLETED_STATUSES:
-            e2e_s = None
-            if start.created_ms is not None:
-                e2e_s = (start.started_ms - start.created_ms + outcome.duration_ms) / 1000
-            self.metrics.task_completed(entry.queue, entry.task_type, status, e2e_s)
+            latency_ms = event.latency_ms
+            e2e_s = None if latency_ms is None else latency_ms / 1000
+            self.metrics.task_completed(queue, task_type, status, e2e_s)
         elif status == "retrying":
-            self.metrics.retry_scheduled(entry.queue, entry.task_type, outcome.delay_ms / 1000)
+            self.metrics.retry_scheduled(queue, task_type, event.retry_delay_ms / 1000)
 
-    async def scheduler_ticked(self, result: TickResult, redis: Redis) -> None:
-        # The sweep's replies carry their labels: read only the others (issue 8: reading the
-        # labels of thousands of expired tasks held the event loop during an expiry sweep).
-        known = result.labels
-        unknown = [tid for tid in (*result.retried, *result.expired) if tid not in known]
-        labels = {**known, **await task_labels(redis, unknown)}
-        for tid in result.retried:
-            if tid in labels:
-                self.metrics.task_retried(*labels[tid])
-        for tid in result.expired:
-            if tid in labels:
-                queue, task_type = labels[tid]
-                self.metrics.task_completed(queue, task_type, "expired")
+    def scheduler_batch(self, event: SchedulerBatch) -> None:
+        for queue, task_type in event.retried:
+            self.metrics.task_retried(queue, task_type)
+        for queue, task_type in event.expired:
+            self.metrics.task_completed(queue, task_type, "expired")
 
 
 class LogObserver(WorkerObserver):
     """One line per execution: DEBUG when it starts, INFO when its outcome is recorded (the
     engine itself logs fenced and failed finishes, and entries it consumed without running)."""
 
-    def task_started(self, entry: Entry, start: StartReply) -> None:
+    def task_started(self, event: TaskStarted) -> None:
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "task %s attempt %d started",
-                entry.task_id,
-                start.attempt,
-                extra=_fields(entry, start.attempt, "running"),
+                event.task_id,
+                event.attempt,
+                extra=_fields(event, "running"),
             )
 
-    def task_finished(
-        self, ex: Execution, status: str, duration_ms: int, outcome: Outcome | None = None
-    ) -> None:
+    def task_finished(self, event: TaskFinished) -> None:
+        status = event.status
         if status not in EVENT_BY_STATUS:
             return
-        fields = _fields(ex.entry, ex.attempt, status)
-        fields["duration_ms"] = duration_ms
+        fields = _fields(event, status)
+        fields["duration_ms"] = event.duration_ms
         log.info(
             "task %s attempt %d: %s in %d ms",
-            ex.entry.task_id,
-            ex.attempt,
+            event.task_id,
+            event.attempt,
             status,
-            duration_ms,
+            event.duration_ms,
             extra=fields,
         )
 
 
-def _fields(entry: Entry, attempt: int, status: str) -> dict[str, object]:
+def _fields(event: TaskStarted | TaskFinished, status: str) -> dict[str, object]:
     return {
-        "task_id": entry.task_id,
-        "task_type": entry.task_type,
-        "queue": entry.queue,
-        "attempt": attempt,
+        "task_id": event.task_id,
+        "task_type": event.task_type,
+        "queue": event.queue,
+        "attempt": event.attempt,
         "status": status,
         "event_type": EVENT_BY_STATUS.get(status),
     }
@@ -169,16 +132,21 @@ def _fields(entry: Entry, attempt: int, status: str) -> dict[str, object]:
 class WorkerTelemetry:
     """The metrics (and the endpoint) and lifecycle logs of one worker process.
 
-    Build it before the worker (its :attr:`metrics` gives the worker's script hook), then
-    :meth:`attach` the worker and :meth:`serve` the endpoint; :meth:`stop` at the end.
+    Build it before the worker, which takes its :meth:`observers` and its script hook
+    (``metrics.script_call``); then :meth:`watch` the worker and :meth:`serve` the endpoint;
+    :meth:`stop` at the end.
     """
 
     def __init__(self, known_types: Collection[str] | None = None) -> None:
         self.metrics = Metrics(known_types=known_types)
         self.server: MetricsServer | None = None
 
-    def attach(self, worker: Worker) -> None:
-        worker.observers.extend([MetricsObserver(self.metrics, worker.worker_id), LogObserver()])
+    def observers(self, worker_id: str) -> list[WorkerObserver]:
+        """The subscribers of the worker ``worker_id``: its metrics and its lifecycle logs."""
+        return [MetricsObserver(self.metrics, worker_id), LogObserver()]
+
+    def watch(self, worker: Worker) -> None:
+        """Count the worker's in-flight tasks and the commands its client sends on its own."""
         self.metrics.track_inflight(worker.worker_id, lambda: len(worker.inflight))
         count_commands(worker.redis, self.metrics.redis_op)
 

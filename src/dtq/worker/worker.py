@@ -6,7 +6,7 @@ Loops, each cancellable and jittered:
   come from, within free capacity (:mod:`dtq.worker.intake`);
 - **cancel watcher**: every 0.25 s, one pipelined ``HGET cancel_requested`` for the running
   tasks; a requested one is stopped and finished CANCELLED within a second;
-- **finisher** (:class:`~dtq.worker.executor.Finisher`) and the **scheduler**
+- **finisher** (:class:`~dtq.worker.finish.Finisher`) and the **scheduler**
   (:class:`~dtq.worker.scheduler.Scheduler`, leader only);
 - **heartbeat** on its own thread (:mod:`dtq.worker.heartbeat`).
 
@@ -15,13 +15,14 @@ first failure logged at once, then at most a line a second, then one line when R
 and starts again once Redis answers a PING; a bug is logged with its trace and the loop started
 again.
 
-What is in flight is the :class:`~dtq.worker.dispatch.Dispatcher`'s: the start scripts of one
-read go to Redis in one pipeline, each started entry runs as its own asyncio task
-(:func:`~dtq.worker.executor.run_handler`) and its finish script joins the finisher's next
-pipeline. Shutdown (:meth:`Worker.stop`): stop intake and the scheduler, wait
-up to ``DTQ_DRAIN_TIMEOUT_S`` for in-flight work, stop what is left *without* acknowledging it
-(a peer reclaims it), flush finishes, delete its consumers that hold no entry
-(:mod:`dtq.worker.consumers`), heartbeat to the end, then status stopped and WORKER_STOPPED.
+What is in flight, and the slots, are the :class:`~dtq.worker.execution.Executor`'s: the start
+scripts of one read go to Redis in one pipeline, each started entry runs as its own asyncio
+task and its finish script joins the finisher's next pipeline (the path of one task, file by
+file, is in the :mod:`dtq.worker` docstring). Shutdown (:meth:`Worker.stop`): stop intake
+and the scheduler, wait up to ``DTQ_DRAIN_TIMEOUT_S`` for in-flight work, stop what is left
+*without* acknowledging it (a peer reclaims it), flush finishes, delete its consumers that hold
+no entry (:mod:`dtq.worker.consumers`), heartbeat to the end, then status stopped and
+WORKER_STOPPED.
 """
 
 from __future__ import annotations
@@ -43,11 +44,10 @@ from dtq.scripts import OpHook, Scripts
 from dtq.store import Store
 from dtq.worker.connection import worker_redis
 from dtq.worker.consumers import drop_own
-from dtq.worker.dispatch import Dispatcher
-from dtq.worker.executor import Finisher, ThreadRunner
+from dtq.worker.execution import Executor
 from dtq.worker.heartbeat import Heartbeat
-from dtq.worker.intake import BLOCK_MS, READ_BATCH, Capacity, Intake
-from dtq.worker.observer import WorkerObserver
+from dtq.worker.intake import BLOCK_MS, READ_BATCH, Intake
+from dtq.worker.observer import SchedulerBatch, WorkerObserver
 from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq.worker.scheduler import Scheduler, TickResult
 from dtq_tasks import Handler, registry
@@ -98,39 +98,39 @@ class Worker:
         self.scripts = Scripts(on_call=on_redis_op)
         self.store = Store(self.redis, self.scripts, settings, set(self.handlers))
         self.clock = RedisClock()
-        self.capacity = Capacity(self.concurrency)
         self._stopping = asyncio.Event()  # stop intake
         self._force = asyncio.Event()  # skip the rest of the drain
         self._scheduler_stop = asyncio.Event()
         self._rng = random.Random()
         # One reporter for every loop of the process, the heartbeat thread's too (outage.py).
         self.outage = RedisOutage()
-        self._finisher = Finisher(
-            self.store, retry_budget_s=settings.visibility_timeout_s / 2, outage=self.outage
-        )
-        self._heartbeat: Heartbeat | None = None
         self._adopt = [a for a in adopt if a]
-        self.dispatch = Dispatcher(
+        self.execution = Executor(
             worker_id=self.worker_id,
             settings=settings,
             store=self.store,
             handlers=self.handlers,
             observers=self.observers,
-            capacity=self.capacity,
-            finisher=self._finisher,
+            concurrency=self.concurrency,
             clock=self.clock,
+            outage=self.outage,
             rng=self._rng,
         )
-        self.inflight = self.dispatch.inflight
+        self.inflight = self.execution.inflight
         self.intake = Intake(
-            self.store,
+            self.store, settings, self.worker_id, self.queues, self.execution, self._stopping
+        )
+        self.heartbeat = Heartbeat(
             settings,
+            self.scripts,
             self.worker_id,
             self.queues,
-            self.capacity,
-            self.dispatch.start,
-            self.inflight,
-            self._stopping,
+            self.concurrency,
+            self.clock,
+            snapshot=self.execution.snapshot,
+            stats=self._stats,
+            on_lost=self.execution.on_lost,
+            outage=self.outage,
         )
         self.started = asyncio.Event()  # the loops run
         self.prepared = asyncio.Event()  # connected, scripts and groups ready, heartbeating
@@ -149,27 +149,13 @@ class Worker:
 
     @property
     def active_tasks(self) -> int:
-        return self.capacity.used
+        return self.execution.active
 
     async def run(self) -> None:
         """Run until :meth:`stop`; returns after the ordered shutdown."""
-        loop = asyncio.get_running_loop()
-        self.dispatch.threads = threads = ThreadRunner(loop, self.concurrency)
         try:
             await self._prepare()
-            self._heartbeat = Heartbeat(
-                self.settings,
-                self.scripts,
-                self.worker_id,
-                self.queues,
-                self.concurrency,
-                self.clock,
-                snapshot=self.dispatch.snapshot,
-                stats=self._stats,
-                on_lost=lambda ids: self._lost_from_thread(loop, ids),
-                outage=self.outage,
-            )
-            await asyncio.to_thread(self._heartbeat.start)
+            await asyncio.to_thread(self.heartbeat.start, asyncio.get_running_loop())
             self.prepared.set()
         except BaseException:
             await self.redis.aclose()
@@ -177,21 +163,20 @@ class Worker:
         try:
             await self._serve()
         finally:
-            await asyncio.to_thread(self._heartbeat.stop)
-            threads.shutdown()
+            await asyncio.to_thread(self.heartbeat.stop)
+            self.execution.threads.shutdown()
             await self.redis.aclose()
             self.outage.flush()
             log.info(
                 "worker %s stopped (%d processed, %d failed, %d retried)",
                 self.worker_id,
-                self.dispatch.tasks_processed,
-                self.dispatch.tasks_failed,
-                self.dispatch.tasks_retried,
+                self.execution.finisher.tasks_processed,
+                self.execution.finisher.tasks_failed,
+                self.execution.finisher.tasks_retried,
             )
 
     async def _serve(self) -> None:
-        assert self._heartbeat is not None
-        finisher = asyncio.create_task(self._finisher.run(), name="finisher")
+        finisher = asyncio.create_task(self.execution.finisher.run(), name="finisher")
         scheduler = asyncio.create_task(
             Scheduler(
                 self.store,
@@ -210,8 +195,8 @@ class Worker:
         intake.append(asyncio.create_task(self._supervise("reaper", self._reap), name="reaper"))
         watcher = asyncio.create_task(self._supervise("cancel", self._cancel_loop))
         try:
-            self._heartbeat.set_status("running")
-            await asyncio.to_thread(self._heartbeat.publish_started)
+            self.heartbeat.set_status("running")
+            await asyncio.to_thread(self.heartbeat.publish_started)
             log.info(
                 "worker %s started: queues %s, concurrency %d, %d task type(s)",
                 self.worker_id,
@@ -223,7 +208,7 @@ class Worker:
             await self._stopping.wait()
             await self._drain(intake)
         finally:
-            self._finisher.close()
+            self.execution.finisher.close()
             for t in intake:
                 t.cancel()
             with contextlib.suppress(TimeoutError):
@@ -249,16 +234,15 @@ class Worker:
     async def _drain(self, intake: Sequence[asyncio.Task[None]]) -> None:
         """Stop intake and scheduling, wait for in-flight work up to the drain timeout, then stop
         what is left without acknowledging it (a peer's reaper takes it over)."""
-        assert self._heartbeat is not None
         log.info("worker %s draining: %d task(s) in flight", self.worker_id, len(self.inflight))
-        self._heartbeat.set_status("draining")
+        self.heartbeat.set_status("draining")
         self._scheduler_stop.set()
         # The poll loops see the stop within one BLOCK; reads already made are still started.
         await asyncio.wait(intake, timeout=BLOCK_MS / 1000 + 1.0)
         for t in intake:
             t.cancel()
         await asyncio.gather(*intake, return_exceptions=True)
-        pending = set(self.dispatch.executions)
+        pending = set(self.execution.executions)
         if pending and not self._force.is_set():
             drained = asyncio.ensure_future(asyncio.wait(pending))
             forced = asyncio.ensure_future(self._force.wait())
@@ -276,8 +260,8 @@ class Worker:
                 self.worker_id,
                 len(left),
             )
-        if self.dispatch.executions:
-            await asyncio.wait(set(self.dispatch.executions), timeout=5)
+        if self.execution.executions:
+            await asyncio.wait(set(self.execution.executions), timeout=5)
 
     async def _leave_groups(self) -> None:
         """Delete this worker's consumers that hold no entry (consumers.py); one that holds an
@@ -374,22 +358,23 @@ class Worker:
     async def _cancel_loop(self) -> None:
         while True:
             await asyncio.sleep(CANCEL_POLL_S * (1 + self._rng.uniform(-JITTER, JITTER)))
-            await self.dispatch.check_cancellations()
+            await self.execution.check_cancellations()
 
-    # -- heartbeat callbacks (called on the heartbeat thread) ------------------------------------
-
-    def _lost_from_thread(self, loop: asyncio.AbstractEventLoop, entry_ids: list[str]) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closing: nothing to stop
-            loop.call_soon_threadsafe(self.dispatch.on_lost, entry_ids)
-
-    async def _scheduler_ticked(self, result: TickResult) -> None:
+    def _scheduler_ticked(self, part: TickResult) -> None:
+        if not self.observers:
+            return
+        labels = part.labels
+        event = SchedulerBatch(
+            retried=tuple(labels[t] for t in part.retried if t in labels),
+            expired=tuple(labels[t] for t in part.expired if t in labels),
+        )
         for obs in self.observers:
-            await obs.scheduler_ticked(result, self.redis)
+            obs.scheduler_batch(event)
 
     def _stats(self) -> dict[str, Any]:
         return {
             "active_tasks": self.active_tasks,
-            "tasks_processed": self.dispatch.tasks_processed,
-            "tasks_failed": self.dispatch.tasks_failed,
-            "tasks_retried": self.dispatch.tasks_retried,
+            "tasks_processed": self.execution.finisher.tasks_processed,
+            "tasks_failed": self.execution.finisher.tasks_failed,
+            "tasks_retried": self.execution.finisher.tasks_retried,
         }

@@ -1,0 +1,51 @@
+"""The one liveness rule (dtq.views.worker_liveness) that the admin views, the API's gauges and
+the scheduler leader share, and the depth/pending sums of a queue's streams."""
+
+from __future__ import annotations
+
+from dtq.views import STALE_HEARTBEATS, queue_depth, stale_after_ms, worker_liveness
+
+NOW_MS = 1_800_000_000_000
+STALE_MS = stale_after_ms(5.0)
+
+
+def test_the_stale_limit_is_three_heartbeat_intervals() -> None:
+    assert STALE_HEARTBEATS == 3 and STALE_MS == 15_000
+
+
+def test_a_fresh_heartbeat_is_alive() -> None:
+    live = worker_liveness({"last_heartbeat_ms": str(NOW_MS - 15_000)}, NOW_MS, STALE_MS)
+    assert live.alive and not live.stale and live.age_ms == 15_000
+
+
+def test_an_old_heartbeat_is_stale() -> None:
+    live = worker_liveness({"last_heartbeat_ms": str(NOW_MS - 15_001)}, NOW_MS, STALE_MS)
+    assert live.stale and not live.alive
+
+
+def test_a_hash_gone_is_stale() -> None:
+    for gone in (None, {}):
+        live = worker_liveness(gone, NOW_MS, STALE_MS)
+        assert live.stale and not live.alive and live.beat_ms is None
+
+
+def test_a_worker_without_a_heartbeat_yet_is_alive() -> None:
+    live = worker_liveness({"last_heartbeat_ms": None, "status": "starting"}, NOW_MS, STALE_MS)
+    assert live.alive and not live.stale and live.age_ms is None
+
+
+def test_a_stopped_worker_is_neither_alive_nor_stale_while_its_beat_is_young() -> None:
+    h = {"last_heartbeat_ms": str(NOW_MS - 1_000), "status": "stopped"}
+    live = worker_liveness(h, NOW_MS, STALE_MS)
+    assert not live.alive and not live.stale
+
+
+def test_the_iso_heartbeat_counts_when_the_ms_field_is_missing() -> None:
+    live = worker_liveness({"last_heartbeat": "2020-01-01T00:00:00.000Z"}, NOW_MS, STALE_MS)
+    assert live.stale and live.beat_ms == 1_577_836_800_000
+
+
+def test_depth_and_pending_sum_the_streams_and_count_missing_ones_as_zero() -> None:
+    missing = Exception("NOGROUP")
+    replies = [3, {"pending": 1}, 0, missing, 5, {"pending": 2}, 0, None]
+    assert queue_depth(replies) == (8, 3)
