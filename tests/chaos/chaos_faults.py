@@ -406,7 +406,7 @@ async def poison(
     errors = Counter(str(rep.views[t].hash.get("error_class")) for t in pill_ids)
     # The other tasks' throughput: those not redelivered after a pill killed their process. A
     # task in flight beside a pill when it killed its process waits for the reaper (the visibility
-    # timeout: scenario 2's recovery), and the chain of a late pill's three attempts makes a
+    # timeout: a dead worker's recovery), and the chain of a late pill's three attempts makes a
     # tail of such tasks after everything else has finished; they are counted apart, with
     # how long after the run's other tasks the last of them ended.
     normal = [v for tid, v in rep.views.items() if tid not in pill_ids and v.terminal_ms]

@@ -119,7 +119,7 @@ async def redis_restart(root: Path, scale: Scale) -> list[Report]:
             _judge_restart(rep, load, answers, t_down, t_up, promised=promised)
             logs = [w.proc.output() for w in workers]
             rep.notes["worker_lines_per_s"] = _lines_per_second(logs, t_down, t_up + int(3e9))
-            # Issue 9, scenario 4: a worker logs the first failure, then at most a line a
+            # A worker logs the first failure, then at most a line a
             # second until Redis answers (docs/operations.md, "When Redis is unavailable").
             outage_lines = _most_lines(logs, t_down, t_up)
             limit = (t_up - t_down) / 1e9 + 2

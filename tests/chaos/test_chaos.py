@@ -1,4 +1,4 @@
-"""The fault-injection scenarios (issue 9; ``docs/reliability.md``). Each one starts its own
+"""The fault-injection scenarios (``docs/reliability.md``). Each one starts its own
 processes (a private redis-server, worker subprocesses, the API under uvicorn) on 127.0.0.1,
 injects its faults, waits for quiescence and checks its invariants; the figures go to the
 table printed at the end of the run.

@@ -1,4 +1,4 @@
-"""The attack surface (issue 9, scenario 11): every route the app serves is enumerated from its
+"""The attack surface (docs/reliability.md): every route the app serves is enumerated from its
 router, and every destructive one refuses without the API key (401) and with a wrong one
 (403), on a real API process; the key check is constant-time; and no code under ``src/`` can
 run data as code (pickle, marshal, eval, exec, yaml.load, an import_module of a name that is

@@ -1,4 +1,4 @@
-"""Consumers of the ``workers`` group stay bounded (issue 9, scenario 7): deleted only when they
+"""Consumers of the ``workers`` group stay bounded (docs/redis-schema.md): deleted only when they
 hold no pending entry (one atomic script), by a worker at graceful stop for itself and by the
 scheduler leader for workers that are not alive; never one that holds an entry."""
 

@@ -1,4 +1,4 @@
-"""Expiration that needs no worker (issue 4 items 4, 5 and the seed's edge cases): the
+"""Expiration that needs no worker (docs/expiration.md, with the edge cases it lists): the
 scheduler's sweep of dtq:expiry and the promote script's deadline check, on the Redis clock.
 Real Redis; the scheduler runs in-process, no worker polls any queue."""
 

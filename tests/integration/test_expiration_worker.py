@@ -1,6 +1,6 @@
-"""Expiration end to end with a real worker (issue 4): a task that was delayed, ran, failed and
-was retried past its deadline expires instead of running again; a task whose deadline passes
-while its handler runs completes."""
+"""Expiration end to end with a real worker (docs/expiration.md): a task that was delayed, ran,
+failed and was retried past its deadline expires instead of running again; a task whose deadline
+passes while its handler runs completes."""
 
 from __future__ import annotations
 

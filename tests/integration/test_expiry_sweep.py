@@ -1,4 +1,4 @@
-"""The expiry sweep in batches (issue 8): several tasks per ``expire.lua`` call, each one
+"""The expiry sweep in batches (docs/expiration.md): several tasks per ``expire.lua`` call, each one
 changed exactly as alone, with the labels the metrics need in the reply; a backlog swept at
 ``SWEEP_RATE`` over consecutive ticks. Real Redis, the scheduler in-process, no worker."""
 

@@ -1,4 +1,4 @@
-"""Metrics (contract section 9, issue 4 item 9, issue 7): every family with its type, label
+"""Metrics (contract section 9, docs/operations.md): every family with its type, label
 discipline after a real workload, the values the workload must produce, the Redis gauges read
 at scrape time, and the worker's own endpoint (one per process with ``--processes``)."""
 
@@ -40,8 +40,8 @@ EXC_MARKER = "EXCEPTION-TEXT-9c1d"
 API_KEY = "metrics-test-key-77"
 TASK_ID_RE = re.compile(r"[0-9a-f]{32}")
 
-# Every metric of contract section 9 and issue 4 item 9, with its type (the exposition's name:
-# a counter's family is named without ``_total``).
+# Every metric of contract section 9 and the expiration metrics (docs/expiration.md), with its
+# type (the exposition's name: a counter's family is named without ``_total``).
 CONTRACT_METRICS = {
     "dtq_tasks_submitted": "counter",
     "dtq_tasks_started": "counter",

@@ -1,4 +1,4 @@
-"""The scheduler (issue 3 item 2): leader lock, claim and promote of due tasks, stale claims,
+"""The scheduler (contract section 4): leader lock, claim and promote of due tasks, stale claims,
 stale workers, resilience to dropped connections. Real Redis; no worker is needed."""
 
 from __future__ import annotations

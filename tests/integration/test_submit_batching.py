@@ -1,4 +1,5 @@
-"""Concurrent ``submit`` calls share round trips (DESIGN 3, the hot path is batched; issue 8).
+"""Concurrent ``submit`` calls share round trips (the hot path is batched:
+docs/performance.md).
 
 ``Store.submit`` sends a lone call at once; calls made while another is in flight wait for the
 next batch and share it (``submit.lua`` calls of up to ``SUBMIT_CHUNK`` tasks, one pipeline).

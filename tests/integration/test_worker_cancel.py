@@ -1,4 +1,4 @@
-"""Cancellation (issue 3, item 4): a queued task never runs; a running one is CANCELLED within
+"""Cancellation (contract section 6): a queued task never runs; a running one is CANCELLED within
 a second of the request (an async handler is cancelled; a thread handler runs on, its result is
 discarded and its slot stays taken until it returns)."""
 

@@ -1,4 +1,4 @@
-"""A Redis outage as a worker's log shows it (issue 9, scenario 4): Redis is killed for about
+"""A Redis outage as a worker's log shows it (docs/operations.md): Redis is killed for about
 3 s under a worker subprocess and started again, empty, on the same port. The worker writes the
 first failure at once, then at most a line a second, then one line when Redis answers; it
 recreates its consumer groups and runs the tasks submitted after the restart."""

@@ -1,4 +1,4 @@
-"""The reaper (contract section 6, issue 9 scenario 2) and the reads of the poll loops that
+"""The reaper (contract section 6) and the reads of the poll loops that
 share a worker's capacity with it: a dead worker's entries go ahead of fresh reads, also on a
 worker whose every slot is taken, and the worker never runs more than its concurrency."""
 

@@ -118,8 +118,9 @@ def test_a_long_outage_that_began_unannounced_is_announced(clock: Clock, lines: 
 def test_finishes_given_up_are_told_in_the_outage_lines_with_their_ids(
     clock: Clock, lines: Lines
 ) -> None:
-    """The finisher's give-up is part of the story, not a line of its own (issue 9: at most a
-    line a second); the next line names the tasks, the recovery line says what is left."""
+    """The finisher's give-up is part of the story, not a line of its own (at most a line a
+    second, docs/operations.md); the next line names the tasks, the recovery line says what is
+    left."""
     out = reporter(clock)
     out.failed("finish", REFUSED)
     clock.now += 0.8

@@ -1,5 +1,5 @@
 -- drop_consumers.lua: delete consumers of one stream's consumer group that hold no pending
--- entry (issue 9, scenario 7: consumer counts stay bounded). XGROUP DELCONSUMER destroys the
+-- entry, so that consumer counts stay bounded (docs/redis-schema.md). XGROUP DELCONSUMER destroys the
 -- consumer's pending entries, which would lose their tasks (RUNNING, with no pending entry left
 -- for a reaper to claim), so the check and the delete are this one atomic step: a consumer that
 -- holds an entry is never deleted. A read that delivers it an entry runs either before (then it

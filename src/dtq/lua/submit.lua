@@ -72,7 +72,7 @@ local function queue_state(q)
   end
 end
 
--- A new stream: ensure the group on all ten streams of the queue (issue 2), so that a worker's
+-- A new stream: ensure the group on all ten streams of the queue, so that a worker's
 -- XREADGROUP over p9..p0 never meets a stream without it (NOGROUP).
 local function ensure_groups(q, band)
   local known = exists[q]
