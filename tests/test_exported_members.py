@@ -30,7 +30,7 @@ MODULES = [
     "dtq.retry",
     "dtq.scripts",
     "dtq.store",
-    "dtq.views",
+    "dtq.records",
 ]
 """Core modules whose ``__all__`` is checked too."""
 

@@ -54,9 +54,9 @@ from dtq.models import (
     check_status,
     ttl_delta_seconds,
 )
+from dtq.records import AuditEntry, DeadLetter, QueueStats, WorkerInfo
 from dtq.scripts import Scripts
 from dtq.store import Store, ms_to_dt
-from dtq.views import AuditEntry, DeadLetter, QueueStats, WorkerInfo
 
 __all__ = [
     "Audit",

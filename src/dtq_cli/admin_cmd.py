@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from dtq.views import DeadLetter
+from dtq.records import DeadLetter
 from dtq_cli.context import Ctx, NotConfirmedError, UsageError
 from dtq_cli.output import relative
 

@@ -15,9 +15,9 @@ from dtq.calls import Claimed, PromoteReply
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from dtq.models import Task
+from dtq.records import STALE_HEARTBEATS
 from dtq.scripts import Scripts
 from dtq.store import Store
-from dtq.views import STALE_HEARTBEATS
 from dtq.worker.outage import RedisOutage
 from dtq.worker.scheduler import CLAIM_BATCH, Scheduler
 from support import Events, wait_until

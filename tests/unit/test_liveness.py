@@ -1,9 +1,9 @@
-"""The one liveness rule (dtq.views.worker_liveness) that the admin views, the API's gauges and
+"""The one liveness rule (dtq.records.worker_liveness) that the admin views, the API's gauges and
 the scheduler leader share, and the depth/pending sums of a queue's streams."""
 
 from __future__ import annotations
 
-from dtq.views import STALE_HEARTBEATS, queue_depth, stale_after_ms, worker_liveness
+from dtq.records import STALE_HEARTBEATS, queue_depth, stale_after_ms, worker_liveness
 
 NOW_MS = 1_800_000_000_000
 STALE_MS = stale_after_ms(5.0)

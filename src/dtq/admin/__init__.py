@@ -1,4 +1,4 @@
-"""Operator operations and the views an operator reads (contract sections 11, 12, 13; DESIGN 10).
+"""Operator operations and what an operator reads (contract sections 11, 12, 13; DESIGN 10).
 
 State changes are one Lua script each (cancel, expire, dlq_requeue, dlq_discard, set_paused) or
 a run of bounded chunks of one script (dlq_purge, purge_queue: at most ``CHUNK`` tasks per
@@ -12,15 +12,15 @@ so the change and its audit entry are one atomic step. Without one nothing is au
 scheduler's expiry sweep, internal callers).
 
 Modules: ``tasks`` (cancel, expire, sweep), ``dlq`` (dead letters), ``queues`` (pause, resume,
-purge), ``views`` (statistics, workers, audit log). ``docs/operations-admin.md`` describes each
+purge), ``reads`` (statistics, workers, audit log). ``docs/operations-admin.md`` describes each
 operation in Redis terms and which values are exact.
 """
 
 from dtq.admin._common import CHUNK, SWEEP_BATCH
 from dtq.admin.dlq import dlq_discard, dlq_get, dlq_list, dlq_purge, dlq_requeue
 from dtq.admin.queues import purge_queue, set_paused
+from dtq.admin.reads import all_queue_stats, audit_log, queue_stats, worker, workers
 from dtq.admin.tasks import Swept, cancel, expire, sweep_due, task_keys
-from dtq.admin.views import all_queue_stats, audit_log, queue_stats, worker, workers
 
 __all__ = [
     "CHUNK",

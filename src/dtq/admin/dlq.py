@@ -24,8 +24,8 @@ from dtq.admin._common import (
 from dtq.calls import DlqReply
 from dtq.errors import InvalidTransitionError, NotInDeadLetterError, TaskNotFoundError
 from dtq.models import Task, TaskStatus, compact_json
+from dtq.records import DeadLetter
 from dtq.store import Store
-from dtq.views import DeadLetter
 
 __all__ = ["dlq_discard", "dlq_get", "dlq_list", "dlq_purge", "dlq_requeue"]
 

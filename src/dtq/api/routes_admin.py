@@ -12,7 +12,7 @@ from dtq.api.deps import Limit, QueueName, State, check_task_id, check_worker_id
 from dtq.api.errors import responses
 from dtq.errors import NotInDeadLetterError, TaskNotFoundError
 from dtq.models import Task
-from dtq.views import AuditEntry, DeadLetter, QueueStats, WorkerInfo
+from dtq.records import AuditEntry, DeadLetter, QueueStats, WorkerInfo
 
 __all__ = [
     "AuditLog",

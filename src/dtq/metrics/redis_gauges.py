@@ -16,7 +16,7 @@ from redis.exceptions import RedisError, ResponseError
 from dtq import keys
 from dtq.clock import RedisClock, local_ms
 from dtq.config import Settings
-from dtq.views import (
+from dtq.records import (
     DEPTH_READS,
     LIVENESS_FIELDS,
     queue_depth,
@@ -72,7 +72,7 @@ class RedisGauges:
     ``XLEN dtq:stream:dead-letter``; ``ZRANGEBYSCORE dtq:expiry -inf <now + window>`` (at most
     10,000 members); and, for every queue and worker known from the previous scrape, ``XLEN``
     and ``XPENDING`` of its ten streams and ``EXISTS`` and ``HMGET`` of its hash's liveness
-    fields (:data:`dtq.views.LIVENESS_FIELDS`). A second
+    fields (:data:`dtq.records.LIVENESS_FIELDS`). A second
     round trip happens only for what the first discovered: a queue or worker not seen before,
     or an expiring task whose queue is not known yet (a task's queue never changes, so it is
     looked up once while it stays in the window).
@@ -83,7 +83,7 @@ class RedisGauges:
     Overdue members the sweep has not reached yet (within a second) are included. Past 10,000
     such members the counts cover the 10,000 soonest (a warning is logged).
 
-    Workers (listed in ``dtq:workers``), judged by :func:`dtq.views.worker_liveness` on the
+    Workers (listed in ``dtq:workers``), judged by :func:`dtq.records.worker_liveness` on the
     Redis clock with this process's ``DTQ_HEARTBEAT_INTERVAL_S`` (the API must use the workers'
     interval): ``active`` are alive (a worker that has not written its first heartbeat yet
     included), ``stale`` have a heartbeat older than three intervals, or their hash is gone.

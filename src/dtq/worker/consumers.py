@@ -9,7 +9,7 @@ entries and lose their tasks). Who deletes:
 - a worker at graceful stop, its own consumers on the streams of its queues
   (:func:`drop_own`); where the drain left an entry unacknowledged, that consumer stays;
 - the scheduler leader, every stale-worker check (:func:`drop_dead`): the consumers of workers
-  that are not alive (:func:`dtq.views.worker_liveness`: no ``dtq:worker:<id>`` hash, its
+  that are not alive (:func:`dtq.records.worker_liveness`: no ``dtq:worker:<id>`` hash, its
   heartbeat older than three intervals, or stopped) that hold no pending entry and have been
   idle for at least the visibility timeout, on the streams of the queues in ``dtq:queues``
   and of the queues live workers serve. A dead worker's pending entries are claimed by its
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from dtq import calls, keys
+from dtq.records import LIVENESS_FIELDS, worker_liveness
 from dtq.store import Store
-from dtq.views import LIVENESS_FIELDS, worker_liveness
 
 __all__ = ["drop_dead", "drop_own", "worker_states"]
 
@@ -63,7 +63,7 @@ async def drop_own(store: Store, worker_id: str, queues: Sequence[str]) -> list[
 
 async def worker_states(store: Store, ids: Sequence[str]) -> list[dict[str, str | None] | None]:
     """The liveness fields of each of ``ids``' hash, in order (None: the hash is gone), in one
-    pipeline: what :func:`dtq.views.worker_liveness` judges."""
+    pipeline: what :func:`dtq.records.worker_liveness` judges."""
     pipe = store.redis.pipeline(transaction=False)
     for wid in ids:
         pipe.exists(keys.worker(wid))

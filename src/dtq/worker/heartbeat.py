@@ -37,8 +37,8 @@ from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.events import make_event
 from dtq.models import format_ts
+from dtq.records import stale_after_ms
 from dtq.scripts import Scripts
-from dtq.views import stale_after_ms
 from dtq.worker.outage import TRANSIENT, RedisOutage
 
 __all__ = ["Heartbeat"]
@@ -201,7 +201,7 @@ class Heartbeat:
             "status": self._reported_status(stats),
             **{k: int(v) for k, v in stats.items()},
         }
-        # The hash goes when its worker is stale (dtq.views: three intervals without a beat).
+        # The hash goes when its worker is stale (dtq.records: three intervals without a beat).
         ttl_ms = max(1, stale_after_ms(self.settings.heartbeat_interval_s))
         pipe = self._redis.pipeline(transaction=False)
         pipe.hset(keys.worker(self.worker_id), mapping=fields)  # type: ignore[arg-type]

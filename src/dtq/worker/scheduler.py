@@ -54,8 +54,8 @@ from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from dtq.events import make_event
 from dtq.models import format_ts
+from dtq.records import stale_after_ms, worker_liveness
 from dtq.store import Store
-from dtq.views import stale_after_ms, worker_liveness
 from dtq.worker.consumers import drop_dead, worker_states
 from dtq.worker.idle_queues import IdleQueues, clean_cancelled
 from dtq.worker.outage import TRANSIENT, RedisOutage

@@ -1,8 +1,9 @@
-"""Operator views read by :mod:`dtq.admin`: dead letters, queue statistics, workers, audit entries.
+"""The records an operator reads (through :mod:`dtq.admin`): dead letters, queue statistics,
+workers, audit entries.
 
 Pure models built from Redis hashes and stream entries; they never raise on a foreign or
 malformed entry (a field that cannot be read takes a neutral default). Two rules live here
-once, for every reader (the admin views, the API's gauges, the scheduler leader):
+once, for every reader (the admin reads, the API's gauges, the scheduler leader):
 
 - a queue's **depth and pending** (:func:`queue_depth`): the sums of ``XLEN`` and ``XPENDING``
   over its ten streams, read by :func:`read_depth`;

@@ -16,8 +16,7 @@ from dtq import keys
 from dtq.admin._common import LIST_CAP, SCAN_CHUNK, check_queue, stream_rows
 from dtq.clock import time_reply_ms
 from dtq.errors import WorkerNotFoundError
-from dtq.store import Store
-from dtq.views import (
+from dtq.records import (
     DEPTH_READS,
     AuditEntry,
     QueueStats,
@@ -26,6 +25,7 @@ from dtq.views import (
     read_depth,
     stale_after_ms,
 )
+from dtq.store import Store
 
 __all__ = ["all_queue_stats", "audit_log", "queue_stats", "worker", "workers"]
 
