@@ -22,9 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from dtq.api import create_app
 from dtq.config import Settings
 from dtq.metrics import LABEL_NAMES, MetricsServer
-from dtq.worker import Worker, load_task_modules
+from dtq.worker import Worker
 from dtq.worker.telemetry import WorkerTelemetry
 from dtq_cli.parser import build_parser
+from dtq_tasks import load_task_modules
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -207,7 +208,7 @@ def test_queries_group_and_select_only_real_labels() -> None:
 async def _live_names(settings: Settings) -> set[str]:
     """Every sample name a real API and a real worker can expose, from their /metrics."""
     s = settings.model_copy(update={"task_modules": "examples.tasks", "heartbeat_interval_s": 0.5})
-    handlers = load_task_modules(s.task_module_list)
+    handlers = load_task_modules(s.task_module_list).handlers
     telemetry = WorkerTelemetry(handlers)
     worker = Worker(
         s,

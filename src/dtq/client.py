@@ -8,7 +8,13 @@
         task = await q.submit("echo_task", {"hello": "world"}, ttl_seconds=300)
         print((await q.get(task.task_id)).status)
 
-``SyncQueue`` (``connect_sync``) is the same surface for scripts without an event loop.
+``Queue`` is the one door into the core: the HTTP API and the CLI use it too, so each rule of
+a submission (the body's validation, the registered task types, the payload models) and of a
+read (queue names, list limits) is applied once, with one message, whoever asks. The options
+of a submission are one typed list, :class:`dtq.models.SubmitOptions`.
+
+``SyncQueue`` (``connect_sync``) is the same surface for scripts without an event loop; its
+methods are made from ``Queue``'s, so they keep the same parameters.
 """
 
 from __future__ import annotations
@@ -16,51 +22,60 @@ from __future__ import annotations
 import asyncio
 import builtins
 import functools
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from datetime import datetime, timedelta
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
-from typing import Any, ParamSpec, Self, TypeVar
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar, Unpack
 
+from pydantic import BaseModel
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dtq import admin
 from dtq.admin import Audit
 from dtq.clock import redis_time_ms
-from dtq.config import Settings, load_settings
+from dtq.config import Settings, load_settings, redact_url
 from dtq.connection import use_hiredis_packing
 from dtq.errors import ConfigError, DtqError, InvalidTaskError, RedisUnavailableError
-from dtq.models import HistoryEntry, SubmitRequest, Task, TaskStatus, ttl_delta_seconds
+from dtq.keys import CONSUMER_GROUP, queue_streams
+from dtq.models import (
+    SUBMIT_OPTIONS,
+    HistoryEntry,
+    SubmitItem,
+    SubmitOptions,
+    SubmitRequest,
+    Task,
+    TaskStatus,
+    check_list_limit,
+    check_queue_name,
+    check_status,
+    ttl_delta_seconds,
+)
 from dtq.scripts import Scripts
-from dtq.store import RECENT_CAP, Store, ms_to_dt
+from dtq.store import Store, ms_to_dt
 from dtq.views import AuditEntry, DeadLetter, QueueStats, WorkerInfo
 
-__all__ = ["Audit", "Queue", "SyncQueue", "connect", "connect_sync"]
+__all__ = [
+    "Audit",
+    "Change",
+    "Queue",
+    "SubmitItem",
+    "SubmitOptions",
+    "SyncQueue",
+    "connect",
+    "connect_sync",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_SUBMIT_OPTIONS = frozenset(
-    {
-        "queue",
-        "priority",
-        "delay_seconds",
-        "schedule_at",
-        "ttl",
-        "ttl_seconds",
-        "expires_at",
-        "idempotency_key",
-        "max_attempts",
-        "timeout_ms",
-        "metadata",
-    }
-)
-
 
 def _redis_errors(
-    fn: Callable[P, Awaitable[R]],
-) -> Callable[P, Awaitable[R]]:
+    fn: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R]]:
     """Turn connection failures into RedisUnavailableError naming the URL."""
 
     @functools.wraps(fn)
@@ -71,22 +86,29 @@ def _redis_errors(
             q = args[0]
             url = q.settings.redis_url if isinstance(q, Queue) else "?"
             raise RedisUnavailableError(
-                f"Redis at {_safe_url(url)} is unreachable: {exc}", url=_safe_url(url)
+                f"Redis at {redact_url(url)} is unreachable: {exc}", url=redact_url(url)
             ) from None
 
     return wrapper
 
 
-def _safe_url(url: str) -> str:
-    """The URL without a password."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
+@dataclass(frozen=True)
+class Change:
+    """What an operator's state change did: the task as it is now, and the status it left."""
+
+    task: Task
+    previous_status: TaskStatus
 
 
 class Queue:
-    """A producer's and operator's handle on dtq. Build it with :func:`connect`."""
+    """A producer's and operator's handle on dtq, and the one door into the core: the SDK, the
+    HTTP API and the CLI all go through it, and it applies every rule of a submission and of a
+    read once. Build it with :func:`connect`.
+
+    ``known_types``: the registered task types (an unknown one is UNKNOWN_TASK_TYPE); None
+    accepts any well-formed type. ``payload_models``: the payload model of each handler that
+    declares one, checked at submit (the worker checks it again before running the handler).
+    """
 
     def __init__(
         self,
@@ -95,82 +117,77 @@ class Queue:
         *,
         scripts: Scripts | None = None,
         known_types: Collection[str] | None = None,
+        payload_models: Mapping[str, type[BaseModel]] | None = None,
     ) -> None:
         self.redis = redis
         self.settings = settings
         self.scripts = scripts or Scripts()
         self.known_types = known_types
+        self.payload_models: Mapping[str, type[BaseModel]] = dict(payload_models or {})
         self.store = Store(redis, self.scripts, settings, known_types)
 
     # -- submit ---------------------------------------------------------------------------------
 
+    def parse_request(self, fields: Mapping[str, Any]) -> SubmitRequest:
+        """Validate one submission given as the fields of the HTTP body (``task_type``,
+        ``payload`` and the options but ``ttl``), completely and without I/O."""
+        return SubmitRequest.build(self.settings, self.known_types, self.payload_models, **fields)
+
     def build_request(
-        self, task_type: str, payload: Mapping[str, Any] | None, **options: Any
+        self,
+        task_type: str,
+        payload: Mapping[str, Any] | None = None,
+        **options: Unpack[SubmitOptions],
     ) -> SubmitRequest:
-        """Validate one submission completely, without I/O."""
-        unknown = set(options) - _SUBMIT_OPTIONS
+        """Validate one submission of :meth:`submit`'s arguments completely, without I/O."""
+        return self._build(task_type, payload, options)
+
+    def _build(
+        self, task_type: object, payload: object, options: Mapping[str, Any]
+    ) -> SubmitRequest:
+        unknown = set(options) - SUBMIT_OPTIONS
         if unknown:
             raise InvalidTaskError(f"unknown submit option(s): {', '.join(sorted(unknown))}")
-        ttl = options.pop("ttl", None)
-        if ttl is not None:
-            if options.get("ttl_seconds") is not None:
-                raise InvalidTaskError("give only one of ttl and ttl_seconds")
-            if options.get("expires_at") is not None:
-                raise InvalidTaskError("give only one of expires_at and ttl")
-            options["ttl_seconds"] = ttl_delta_seconds(ttl)
         fields = {k: v for k, v in options.items() if v is not None}
+        ttl = fields.pop("ttl", None)
+        if ttl is not None:
+            if "ttl_seconds" in fields:
+                raise InvalidTaskError("give only one of ttl and ttl_seconds")
+            if "expires_at" in fields:
+                raise InvalidTaskError("give only one of expires_at and ttl")
+            fields["ttl_seconds"] = ttl_delta_seconds(ttl)
+        metadata = fields.get("metadata")
+        if isinstance(metadata, Mapping):
+            fields["metadata"] = dict(metadata)
         # A non-mapping goes to validation as it is: dict() would turn [["a", 1]] into an
         # object, and raise a bare TypeError for [1, 2].
         body: Any = {} if payload is None else payload
-        return SubmitRequest.build(
-            self.settings,
-            self.known_types,
-            task_type=task_type,
-            payload=dict(body) if isinstance(body, Mapping) else body,
-            **fields,
-        )
+        fields["payload"] = dict(body) if isinstance(body, Mapping) else body
+        fields["task_type"] = task_type
+        return self.parse_request(fields)
 
     @_redis_errors
     async def submit(
         self,
         task_type: str,
         payload: Mapping[str, Any] | None = None,
-        *,
-        queue: str = "default",
-        priority: int = 5,
-        delay_seconds: float = 0,
-        schedule_at: datetime | str | None = None,
-        ttl: timedelta | None = None,
-        ttl_seconds: float | None = None,
-        expires_at: datetime | str | None = None,
-        idempotency_key: str | None = None,
-        max_attempts: int = 5,
-        timeout_ms: int | None = None,
-        metadata: Mapping[str, Any] | None = None,
+        **options: Unpack[SubmitOptions],
     ) -> Task:
-        """Submit one task. A replay of an idempotency key returns the stored task with
-        ``duplicate=True``; errors are :class:`dtq.errors.DtqError` leaves."""
-        req = self.build_request(
-            task_type,
-            payload,
-            queue=queue,
-            priority=priority,
-            delay_seconds=delay_seconds,
-            schedule_at=schedule_at,
-            ttl=ttl,
-            ttl_seconds=ttl_seconds,
-            expires_at=expires_at,
-            idempotency_key=idempotency_key,
-            max_attempts=max_attempts,
-            timeout_ms=timeout_ms,
-            metadata=dict(metadata) if isinstance(metadata, Mapping) else metadata,
-        )
-        return await self.store.submit(req)
+        """Submit one task; ``options`` are :class:`SubmitOptions` (defaults: queue
+        ``default``, priority 5, max_attempts 5, timeout ``DTQ_TASK_TIMEOUT_MS``). A replay
+        of an idempotency key returns the stored task with ``duplicate=True``; errors are
+        :class:`dtq.errors.DtqError` leaves."""
+        return await self.store.submit(self._build(task_type, payload, options))
+
+    @_redis_errors
+    async def submit_fields(self, fields: Mapping[str, Any]) -> Task:
+        """Submit one task given as the fields of the HTTP body (see :meth:`parse_request`)."""
+        return await self.store.submit(self.parse_request(fields))
 
     @_redis_errors
     async def submit_many(
-        self, tasks: Iterable[Mapping[str, Any]], **common: Any
-    ) -> list[Task | DtqError]:
+        self, tasks: Iterable[SubmitItem], **common: Unpack[SubmitOptions]
+    ) -> builtins.list[Task | DtqError]:
         """Submit many tasks in one round trip.
 
         Each item is a mapping with ``task_type``, ``payload`` and any option of :meth:`submit`;
@@ -180,11 +197,11 @@ class Queue:
         """
         reqs = []
         for item in tasks:
-            opts = {**common, **item}
+            opts: dict[str, Any] = {**common, **item}
             task_type = opts.pop("task_type", None)
             if not isinstance(task_type, str):
                 raise InvalidTaskError("each item needs a task_type")
-            reqs.append(self.build_request(task_type, opts.pop("payload", None), **opts))
+            reqs.append(self._build(task_type, opts.pop("payload", None), opts))
         return await self.store.submit_many(reqs)
 
     # -- reads ----------------------------------------------------------------------------------
@@ -202,13 +219,11 @@ class Queue:
         task_type: str | None = None,
         limit: int = 50,
     ) -> builtins.list[Task]:
-        try:
-            st = TaskStatus(status) if status is not None else None
-        except ValueError:
-            valid = ", ".join(s.value for s in TaskStatus)
-            raise InvalidTaskError(f"status {status!r} is not one of {valid}") from None
-        if not 1 <= limit <= RECENT_CAP:
-            raise InvalidTaskError(f"limit must be between 1 and {RECENT_CAP}, not {limit}")
+        """Recent tasks, newest first, filtered by queue, status and task type."""
+        st = None if status is None else check_status(status)
+        if queue is not None:
+            check_queue_name(queue)
+        limit = check_list_limit(limit)
         return await self.store.list(queue=queue, status=st, task_type=task_type, limit=limit)
 
     @_redis_errors
@@ -224,27 +239,38 @@ class Queue:
 
     @_redis_errors
     async def cancel(self, task_id: str, *, audit: Audit | None = None) -> Task:
-        """Cancel a task that has not finished.
+        """Cancel a task that has not finished; returns it as it is now.
 
         Not started: CANCELLED at once. Running: cancellation is requested and
         :class:`dtq.errors.TaskRunningError` says so; the worker stops it within a second.
         Terminal: :class:`dtq.errors.TaskTerminalError`. ``audit``: see :class:`Audit`.
         """
-        await admin.cancel(self.store, task_id, audit=audit)
-        return await self.store.get(task_id)
+        return (await self.cancel_change(task_id, audit=audit)).task
+
+    @_redis_errors
+    async def cancel_change(self, task_id: str, *, audit: Audit | None = None) -> Change:
+        """:meth:`cancel`, also saying which status the task was cancelled from."""
+        previous = await admin.cancel(self.store, task_id, audit=audit)
+        return Change(await self.store.get(task_id), TaskStatus(previous))
 
     @_redis_errors
     async def mark_expired(self, task_id: str, *, audit: Audit | None = None) -> Task:
-        """Mark a task that has not started EXPIRED now; any other status is an error."""
-        await admin.expire(self.store, task_id, audit=audit)
-        return await self.store.get(task_id)
+        """Mark a task that has not started EXPIRED now; any other status is
+        :class:`dtq.errors.InvalidTransitionError`. Returns the task as it is now."""
+        return (await self.mark_expired_change(task_id, audit=audit)).task
+
+    @_redis_errors
+    async def mark_expired_change(self, task_id: str, *, audit: Audit | None = None) -> Change:
+        """:meth:`mark_expired`, also saying which status the task expired from."""
+        previous = await admin.expire(self.store, task_id, audit=audit)
+        return Change(await self.store.get(task_id), TaskStatus(previous))
 
     # -- dead letters ---------------------------------------------------------------------------
 
     @_redis_errors
     async def dlq_list(self, limit: int = 50) -> builtins.list[DeadLetter]:
         """The newest dead letters first."""
-        return await admin.dlq_list(self.store, limit)
+        return await admin.dlq_list(self.store, check_list_limit(limit))
 
     @_redis_errors
     async def dlq_get(self, task_id: str) -> DeadLetter:
@@ -294,6 +320,30 @@ class Queue:
     async def all_queue_stats(self) -> builtins.list[QueueStats]:
         return await admin.all_queue_stats(self.store)
 
+    @_redis_errors
+    async def ensure_groups(self, queue: str = "default") -> None:
+        """Create the consumer group on the queue's streams where it is missing."""
+        await self.store.ensure_groups(check_queue_name(queue))
+
+    @_redis_errors
+    async def missing_groups(self, queue: str = "default") -> builtins.list[str]:
+        """The streams of the queue that have no consumer group (a stream not created yet
+        counts as one): what the API's readiness check reports."""
+        pipe = self.redis.pipeline(transaction=False)
+        streams = queue_streams(check_queue_name(queue))
+        for stream in streams:
+            pipe.xinfo_groups(stream)
+        replies: builtins.list[Any] = await pipe.execute(raise_on_error=False)
+        missing = []
+        for stream, reply in zip(streams, replies, strict=True):
+            if isinstance(reply, ResponseError):  # no such stream
+                missing.append(stream)
+            elif isinstance(reply, Exception):
+                raise reply
+            elif not any(g.get("name") == CONSUMER_GROUP for g in reply):
+                missing.append(stream)
+        return missing
+
     # -- workers and audit ----------------------------------------------------------------------
 
     @_redis_errors
@@ -308,7 +358,7 @@ class Queue:
     @_redis_errors
     async def audit_log(self, limit: int = 50) -> builtins.list[AuditEntry]:
         """The newest operator actions first."""
-        return await admin.audit_log(self.store, limit)
+        return await admin.audit_log(self.store, check_list_limit(limit))
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -332,11 +382,14 @@ async def connect(
     *,
     settings: Settings | None = None,
     known_types: Collection[str] | None = None,
+    payload_models: Mapping[str, type[BaseModel]] | None = None,
     scripts: Scripts | None = None,
 ) -> Queue:
     """Connect to Redis and check it answers. ``known_types`` (if given) is the registry that
     submissions are checked against; without it any well-formed task_type is accepted.
-    ``scripts``: a :class:`Scripts` of the caller's (e.g. with a metrics hook)."""
+    ``payload_models``: the handlers' payload models, checked at submit
+    (``dtq_tasks.load_task_types`` gives both). ``scripts``: a :class:`Scripts` of the
+    caller's (e.g. with a metrics hook)."""
     settings = settings or load_settings()
     if url is not None:  # validated like DTQ_REDIS_URL (model_copy would skip the check)
         settings = load_settings(**{**settings.model_dump(), "redis_url": url})
@@ -351,22 +404,38 @@ async def connect(
         )
     except ValueError as exc:  # e.g. a port that is not a number
         raise ConfigError(
-            f"invalid configuration: DTQ_REDIS_URL={_safe_url(settings.redis_url)!r}: {exc}"
+            f"invalid configuration: DTQ_REDIS_URL={redact_url(settings.redis_url)!r}: {exc}"
         ) from None
-    queue = Queue(redis, settings, scripts=scripts, known_types=known_types)
+    queue = Queue(
+        redis, settings, scripts=scripts, known_types=known_types, payload_models=payload_models
+    )
     try:
         await redis.ping()
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         await redis.aclose()
         raise RedisUnavailableError(
-            f"Redis at {_safe_url(settings.redis_url)} is unreachable: {exc}",
-            url=_safe_url(settings.redis_url),
+            f"Redis at {redact_url(settings.redis_url)} is unreachable: {exc}",
+            url=redact_url(settings.redis_url),
         ) from None
     return queue
 
 
+def _blocking(
+    method: Callable[Concatenate[Queue, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[SyncQueue, P], R]:
+    """``method`` of :class:`Queue` as a blocking method of :class:`SyncQueue`, with the same
+    parameters (mypy checks every call against the async method's signature)."""
+
+    @functools.wraps(method)
+    def run(self: SyncQueue, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._runner.run(method(self._queue, *args, **kwargs))
+
+    return run
+
+
 class SyncQueue:
-    """Blocking facade over :class:`Queue` for scripts: same methods, no ``await``."""
+    """Blocking facade over :class:`Queue` for scripts: the same methods with the same
+    parameters, no ``await``. ``SyncQueue(url, **kwargs)`` connects as :func:`connect` does."""
 
     def __init__(self, url: str | None = None, **kwargs: Any) -> None:
         self._runner = asyncio.Runner()
@@ -376,94 +445,32 @@ class SyncQueue:
             self._runner.close()  # else the loop is left open (ResourceWarning at exit)
             raise
 
-    def _run(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        return self._runner.run(getattr(self._queue, name)(*args, **kwargs))
-
-    def submit(self, task_type: str, payload: Mapping[str, Any] | None = None, **kw: Any) -> Task:
-        result: Task = self._run("submit", task_type, payload, **kw)
-        return result
-
-    def submit_many(
-        self, tasks: Iterable[Mapping[str, Any]], **common: Any
-    ) -> builtins.list[Task | DtqError]:
-        result: builtins.list[Task | DtqError] = self._run("submit_many", list(tasks), **common)
-        return result
-
-    def get(self, task_id: str) -> Task:
-        result: Task = self._run("get", task_id)
-        return result
-
-    def list(self, **filters: Any) -> builtins.list[Task]:
-        result: builtins.list[Task] = self._run("list", **filters)
-        return result
-
-    def history(self, task_id: str) -> builtins.list[HistoryEntry]:
-        result: builtins.list[HistoryEntry] = self._run("history", task_id)
-        return result
-
-    def now(self) -> datetime:
-        result: datetime = self._run("now")
-        return result
-
-    def cancel(self, task_id: str, *, audit: Audit | None = None) -> Task:
-        result: Task = self._run("cancel", task_id, audit=audit)
-        return result
-
-    def mark_expired(self, task_id: str, *, audit: Audit | None = None) -> Task:
-        result: Task = self._run("mark_expired", task_id, audit=audit)
-        return result
-
-    def dlq_list(self, limit: int = 50) -> builtins.list[DeadLetter]:
-        result: builtins.list[DeadLetter] = self._run("dlq_list", limit)
-        return result
-
-    def dlq_get(self, task_id: str) -> DeadLetter:
-        result: DeadLetter = self._run("dlq_get", task_id)
-        return result
-
-    def requeue_dead_letter(self, task_id: str, *, audit: Audit | None = None) -> Task:
-        result: Task = self._run("requeue_dead_letter", task_id, audit=audit)
-        return result
-
-    def discard_dead_letter(self, task_id: str, *, audit: Audit | None = None) -> Task:
-        result: Task = self._run("discard_dead_letter", task_id, audit=audit)
-        return result
-
-    def purge_dead_letters(self, *, audit: Audit | None = None) -> int:
-        result: int = self._run("purge_dead_letters", audit=audit)
-        return result
-
-    def pause_queue(self, queue: str, *, audit: Audit | None = None) -> bool:
-        result: bool = self._run("pause_queue", queue, audit=audit)
-        return result
-
-    def resume_queue(self, queue: str, *, audit: Audit | None = None) -> bool:
-        result: bool = self._run("resume_queue", queue, audit=audit)
-        return result
-
-    def purge_queue(self, queue: str, *, audit: Audit | None = None) -> int:
-        result: int = self._run("purge_queue", queue, audit=audit)
-        return result
-
-    def queue_stats(self, queue: str) -> QueueStats:
-        result: QueueStats = self._run("queue_stats", queue)
-        return result
-
-    def all_queue_stats(self) -> builtins.list[QueueStats]:
-        result: builtins.list[QueueStats] = self._run("all_queue_stats")
-        return result
-
-    def workers(self) -> builtins.list[WorkerInfo]:
-        result: builtins.list[WorkerInfo] = self._run("workers")
-        return result
-
-    def worker(self, worker_id: str) -> WorkerInfo:
-        result: WorkerInfo = self._run("worker", worker_id)
-        return result
-
-    def audit_log(self, limit: int = 50) -> builtins.list[AuditEntry]:
-        result: builtins.list[AuditEntry] = self._run("audit_log", limit)
-        return result
+    submit = _blocking(Queue.submit)
+    submit_fields = _blocking(Queue.submit_fields)
+    submit_many = _blocking(Queue.submit_many)
+    get = _blocking(Queue.get)
+    list = _blocking(Queue.list)
+    history = _blocking(Queue.history)
+    now = _blocking(Queue.now)
+    cancel = _blocking(Queue.cancel)
+    cancel_change = _blocking(Queue.cancel_change)
+    mark_expired = _blocking(Queue.mark_expired)
+    mark_expired_change = _blocking(Queue.mark_expired_change)
+    dlq_list = _blocking(Queue.dlq_list)
+    dlq_get = _blocking(Queue.dlq_get)
+    requeue_dead_letter = _blocking(Queue.requeue_dead_letter)
+    discard_dead_letter = _blocking(Queue.discard_dead_letter)
+    purge_dead_letters = _blocking(Queue.purge_dead_letters)
+    pause_queue = _blocking(Queue.pause_queue)
+    resume_queue = _blocking(Queue.resume_queue)
+    purge_queue = _blocking(Queue.purge_queue)
+    queue_stats = _blocking(Queue.queue_stats)
+    all_queue_stats = _blocking(Queue.all_queue_stats)
+    ensure_groups = _blocking(Queue.ensure_groups)
+    missing_groups = _blocking(Queue.missing_groups)
+    workers = _blocking(Queue.workers)
+    worker = _blocking(Queue.worker)
+    audit_log = _blocking(Queue.audit_log)
 
     def close(self) -> None:
         self._runner.run(self._queue.close())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Self
 
@@ -18,9 +19,17 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dtq.errors import ConfigError
 
-__all__ = ["MAX_TIMEOUT_MS", "Settings", "load_settings", "unknown_variables"]
+__all__ = [
+    "MAX_TIMEOUT_MS",
+    "WORKER_ID_RE",
+    "Settings",
+    "load_settings",
+    "redact_url",
+    "unknown_variables",
+]
 
 MAX_TIMEOUT_MS = 3_600_000
+WORKER_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # DTQ_WORKER_ID, and the API's worker lookups
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -95,8 +104,8 @@ class Settings(BaseSettings):
     @field_validator("worker_id")
     @classmethod
     def _worker_id(cls, value: str) -> str:
-        if value and (len(value) > 64 or not value.replace("-", "").replace("_", "").isalnum()):
-            raise ValueError("must be at most 64 letters, digits, '-' or '_'")
+        if value and not WORKER_ID_RE.fullmatch(value):
+            raise ValueError("must be at most 64 ASCII letters, digits, '-' or '_'")
         return value
 
     @model_validator(mode="after")
@@ -158,7 +167,18 @@ def _one_line(exc: ValidationError) -> str:
         return f"invalid configuration: {msg}"
     name = "DTQ_" + str(loc[0]).upper()
     value = err.get("input")
-    if isinstance(value, str) and "@" in value and "://" in value:  # a URL's password stays out
-        scheme, _, rest = value.partition("://")
-        value = f"{scheme}://***@{rest.rpartition('@')[2]}"
+    if isinstance(value, str):  # a URL's password stays out
+        value = redact_url(value)
     return f"invalid configuration: {name}={value!r}: {msg}"
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its credentials, fit for logs and messages: what stands before the last
+    ``@`` of the part after the scheme becomes ``***`` (``redis://:pw@host`` ->
+    ``redis://***@host``). Text without an ``@`` there is returned as it is."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if "@" not in rest:
+        return url
+    return f"{scheme}{sep}***@{rest.rpartition('@')[2]}"

@@ -1,4 +1,5 @@
-"""Redis clients that pack commands with hiredis.
+"""Redis clients that pack commands with hiredis, and the start-up check of Redis's durability
+settings that the API and the worker share.
 
 redis-py's asyncio client packs every command in pure Python, per argument; a script call
 carries 20 to 40 arguments, so packing costs more client CPU than anything else dtq does per
@@ -9,13 +10,15 @@ format is the same. Used by the SDK (:func:`dtq.client.connect`, so the API too)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.exceptions import ResponseError
 
-__all__ = ["HIREDIS_AVAILABLE", "use_hiredis_packing"]
+__all__ = ["HIREDIS_AVAILABLE", "use_hiredis_packing", "warn_durability"]
 
 try:
     from redis.connection import HiredisRespSerializer
@@ -96,3 +99,23 @@ def use_hiredis_packing(client: Redis) -> Redis:
                 pool.connection_class = fast
                 break
     return client
+
+
+async def warn_durability(redis: Redis, log: logging.Logger) -> None:
+    """Log a warning when Redis may evict keys (``maxmemory-policy`` other than ``noeviction``)
+    or lose acknowledged writes on a crash (AOF off): docs/delivery-guarantees.md.
+
+    A server that refuses CONFIG GET (renamed or disabled, as on managed Redis) is not checked;
+    a setting the reply leaves out counts as not set up (AOF off)."""
+    try:
+        policy = await redis.config_get("maxmemory-policy")
+        aof = await redis.config_get("appendonly")
+    except ResponseError:
+        return
+    if policy.get("maxmemory-policy", "noeviction") != "noeviction":
+        log.warning(
+            "Redis maxmemory-policy is %r, not 'noeviction': Redis may evict task data",
+            policy.get("maxmemory-policy"),
+        )
+    if aof.get("appendonly") != "yes":
+        log.warning("Redis AOF is off: a Redis crash loses the tasks written since the last save")

@@ -1,8 +1,9 @@
 """Lifecycle events (contract section 8): JSON published on the ``dtq:events`` channel.
 
 Task events are published by the Lua scripts, atomically with the state change they describe;
-this module builds the worker and configuration events that Python publishes, and parses any
-event for subscribers (WebSocket hub, CLI, tests).
+this module builds the worker and configuration events that Python publishes, and names the
+terminal ones. Subscribers get the published JSON text as it is: the WebSocket hub forwards it
+unchanged and reads only ``type``, ``queue`` and ``task_id`` to filter.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from dtq.models import EVENT_TYPES
 
-__all__ = ["TERMINAL_EVENTS", "Event", "make_event"]
+__all__ = ["TERMINAL_EVENTS", "make_event"]
 
 TERMINAL_EVENTS = frozenset(
     {
@@ -27,29 +26,6 @@ TERMINAL_EVENTS = frozenset(
         "TASK_EXPIRED",
     }
 )
-
-
-class Event(BaseModel):
-    event_id: str
-    ts: datetime
-    type: str
-    task_id: str | None = None
-    queue: str | None = None
-    task_type: str | None = None
-    attempt: int | None = None
-    worker_id: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, raw: str | bytes) -> Event:
-        data = json.loads(raw)
-        if not isinstance(data.get("metadata"), dict):  # Lua's cjson encodes {} as []
-            data["metadata"] = {}
-        return cls(**data)
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.type in TERMINAL_EVENTS
 
 
 def make_event(

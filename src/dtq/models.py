@@ -1,4 +1,5 @@
-"""The data model: statuses and their transitions, the task, the submit request, events.
+"""The data model: statuses and their transitions, the task, the submit options and request,
+events, and the name and limit rules every surface applies.
 
 Pure: no I/O, no clock. The Lua scripts check the same source states as ``TRANSITIONS``; a test
 keeps the two in step.
@@ -12,7 +13,7 @@ import re
 from collections.abc import Collection, Mapping
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, NamedTuple, Self
+from typing import Any, NamedTuple, Required, Self, TypedDict
 
 from pydantic import (
     BaseModel,
@@ -29,17 +30,25 @@ from dtq.errors import InvalidTaskError, PayloadTooLargeError, UnknownTaskTypeEr
 
 __all__ = [
     "EVENT_TYPES",
+    "LIST_LIMIT_MAX",
     "MAX_DELAY_S",
     "METADATA_MAX_BYTES",
     "NOT_STARTED",
     "QUEUE_RE",
+    "SUBMIT_OPTIONS",
+    "TASK_ID_RE",
     "TERMINAL",
     "TRANSITIONS",
     "HistoryEntry",
+    "SubmitItem",
+    "SubmitOptions",
     "SubmitRequest",
     "Task",
     "TaskStatus",
     "can_transition",
+    "check_list_limit",
+    "check_queue_name",
+    "check_status",
     "compact_json",
     "format_ts",
     "parse_ts",
@@ -48,9 +57,32 @@ __all__ = [
 
 METADATA_MAX_BYTES = 4096
 QUEUE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+TASK_ID_RE = re.compile(r"[0-9a-f]{32}")  # what the store generates: a UUID4 as 32 hex digits
 TASK_TYPE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
 IDEMPOTENCY_KEY_MAX = 256
 MAX_DELAY_S = 10 * 365 * 86400  # delay_seconds, ttl_seconds and metadata.ttl_seconds: 10 years
+LIST_LIMIT_MAX = 10_000  # most items one list read returns (tasks, dead letters, audit entries)
+
+
+def check_queue_name(name: object) -> str:
+    """``name`` when it is a queue name, else InvalidTaskError: the one rule and message of
+    every surface (the SDK, the API's body, path and query, the CLI's flags, the worker)."""
+    if isinstance(name, str) and QUEUE_RE.fullmatch(name):  # fullmatch: "$" lets a "\n" in
+        return name
+    raise InvalidTaskError(
+        f"{name!r} is not a valid queue name: 1 to 64 of a-z, 0-9, '_' and '-', "
+        "starting with a letter or digit",
+        field="queue",
+    )
+
+
+def check_list_limit(limit: object) -> int:
+    """``limit`` when it is a valid number of items for one list read, else InvalidTaskError."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
+        raise InvalidTaskError(
+            f"limit must be between 1 and {LIST_LIMIT_MAX}, not {limit!r}", field="limit"
+        )
+    return limit
 
 
 class TaskStatus(StrEnum):
@@ -63,6 +95,16 @@ class TaskStatus(StrEnum):
     DEAD_LETTERED = "dead_lettered"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
+
+
+def check_status(status: str) -> TaskStatus:
+    """``status`` (a TaskStatus or its value) as a TaskStatus, else InvalidTaskError naming
+    the statuses there are."""
+    try:
+        return TaskStatus(status)
+    except ValueError:
+        valid = ", ".join(s.value for s in TaskStatus)
+        raise InvalidTaskError(f"status {status!r} is not one of {valid}", field="status") from None
 
 
 S = TaskStatus
@@ -142,6 +184,35 @@ class _Encoded(NamedTuple):
     metadata_size: int
 
 
+class SubmitOptions(TypedDict, total=False):
+    """Every option of a submission besides its task type and payload: the keyword arguments
+    of ``Queue.submit`` and ``Queue.submit_many``, the other fields of the HTTP body
+    (:class:`SubmitRequest`) and the flags of ``dtq submit``. Defaults and rules are
+    :class:`SubmitRequest`'s; a test keeps the model and the CLI's flags in step with this."""
+
+    queue: str
+    priority: int
+    delay_seconds: float
+    schedule_at: datetime | str | None
+    ttl: timedelta | None  # the SDK's ttl_seconds as a timedelta (not a field of the body)
+    ttl_seconds: float | None
+    expires_at: datetime | str | None
+    idempotency_key: str | None
+    max_attempts: int
+    timeout_ms: int | None
+    metadata: Mapping[str, Any] | None
+
+
+class SubmitItem(SubmitOptions, total=False):
+    """One item of ``Queue.submit_many``: a task type, its payload and any option."""
+
+    task_type: Required[str]
+    payload: Mapping[str, Any] | None
+
+
+SUBMIT_OPTIONS: frozenset[str] = frozenset(SubmitOptions.__annotations__)
+
+
 class SubmitRequest(BaseModel):
     """Everything a producer may say about a new task; all of contract sections 1 and 13.
 
@@ -179,9 +250,10 @@ class SubmitRequest(BaseModel):
     @field_validator("queue")
     @classmethod
     def _queue(cls, value: str) -> str:
-        if not QUEUE_RE.fullmatch(value):
-            raise ValueError(f"must match {QUEUE_RE.pattern}")
-        return value
+        try:
+            return check_queue_name(value)
+        except InvalidTaskError as exc:
+            raise ValueError(exc.message) from None
 
     @field_validator("idempotency_key")
     @classmethod
@@ -268,17 +340,25 @@ class SubmitRequest(BaseModel):
         cls,
         settings: Settings,
         known_types: Collection[str] | None = None,
+        payload_models: Mapping[str, type[BaseModel]] | None = None,
+        /,
         **fields: Any,
     ) -> SubmitRequest:
-        """Validate ``fields`` completely. ``known_types=None`` skips the registry check."""
+        """Validate ``fields`` completely. ``known_types=None`` skips the registry check;
+        ``payload_models`` are the models of the handlers that declare one."""
         try:
             req = cls(**fields)
         except ValidationError as exc:
             raise InvalidTaskError(_describe(exc), errors=_error_list(exc)) from None
-        req.check_limits(settings, known_types)
+        req.check_limits(settings, known_types, payload_models)
         return req
 
-    def check_limits(self, settings: Settings, known_types: Collection[str] | None) -> None:
+    def check_limits(
+        self,
+        settings: Settings,
+        known_types: Collection[str] | None,
+        payload_models: Mapping[str, type[BaseModel]] | None = None,
+    ) -> None:
         if known_types is not None and self.task_type not in known_types:
             raise UnknownTaskTypeError(
                 f"task_type {self.task_type!r} is not registered", task_type=self.task_type
@@ -302,6 +382,27 @@ class SubmitRequest(BaseModel):
                 f"{settings.max_attempts}",
                 field="max_attempts",
             )
+        model = payload_models.get(self.task_type) if payload_models else None
+        if model is not None:
+            self._check_payload(model)
+
+    def _check_payload(self, model: type[BaseModel]) -> None:
+        """The handler's ``payload_model`` accepts the payload (as the worker validates it
+        before running the handler), or INVALID_TASK naming each refused field."""
+        try:
+            model.model_validate(self.payload)
+        except ValidationError as exc:
+            errors = [
+                {
+                    "field": ".".join(("payload", *(str(p) for p in e.get("loc", ())))),
+                    "message": str(e.get("msg", "invalid")),
+                }
+                for e in exc.errors()
+            ]
+            first = errors[0]
+            raise InvalidTaskError(
+                f"{first['field']}: {first['message']}", task_type=self.task_type, errors=errors
+            ) from None
 
     def _json(self) -> _Encoded:
         encoded: _Encoded = self.__pydantic_private__["_encoded"]  # type: ignore[index]

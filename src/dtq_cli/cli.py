@@ -52,10 +52,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
     """
     import asyncio
 
-    from dtq.config import load_settings
+    from dtq.config import load_settings, redact_url
     from dtq.errors import DtqError, RedisUnavailableError
     from dtq_cli import commands
-    from dtq_cli.output import safe_url
 
     settings = load_settings()
     if args.cmd in commands.PROCESS_COMMANDS:
@@ -70,7 +69,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         # class): name the server and what failed, in one line, like an unreachable Redis.
         if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] == "redis":
             raise RedisUnavailableError(
-                f"Redis at {safe_url(settings.redis_url)} failed: {type(exc).__name__}: {exc}"
+                f"Redis at {redact_url(settings.redis_url)} failed: {type(exc).__name__}: {exc}"
             ) from exc
         raise
 

@@ -10,8 +10,9 @@ from dtq.config import Settings
 from dtq_cli import admin_cmd, run_cmd, tasks_cmd
 from dtq_cli.context import Ctx
 from dtq_cli.output import Output
+from dtq_tasks import load_task_types
 
-__all__ = ["PROCESS_COMMANDS", "REDIS_COMMANDS", "with_queue"]
+__all__ = ["PROCESS_COMMANDS", "REDIS_COMMANDS", "SUBMIT_COMMANDS", "with_queue"]
 
 RedisCommand = Callable[[Ctx], Awaitable[int]]
 ProcessCommand = Callable[[argparse.Namespace, Settings, Output], int]
@@ -33,6 +34,8 @@ REDIS_COMMANDS: dict[str, RedisCommand] = {
     "queue.resume": admin_cmd.resume,
     "queue.stats": admin_cmd.stats,
 }
+# Commands that submit: they check task types against DTQ_TASK_MODULES, as the API does.
+SUBMIT_COMMANDS = frozenset({"submit"})
 PROCESS_COMMANDS: dict[str, ProcessCommand] = {
     "worker.run": run_cmd.worker_run,
     "api": run_cmd.api,
@@ -43,8 +46,12 @@ PROCESS_COMMANDS: dict[str, ProcessCommand] = {
 async def with_queue(
     command: RedisCommand, args: argparse.Namespace, settings: Settings, out: Output
 ) -> int:
-    """Connect (RedisUnavailableError names the URL if that fails), run, close."""
-    queue = await connect(settings=settings)
+    """Connect (RedisUnavailableError names the URL if that fails), run, close. A submit
+    command first imports the task modules (ConfigError if one cannot be imported)."""
+    known_types, payload_models = None, None
+    if args.cmd in SUBMIT_COMMANDS:
+        known_types, payload_models = load_task_types(settings)
+    queue = await connect(settings=settings, known_types=known_types, payload_models=payload_models)
     try:
         return await command(Ctx(queue, args, out))
     finally:

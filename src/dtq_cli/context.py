@@ -10,8 +10,7 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
-from dtq.admin import Audit
-from dtq.client import Queue
+from dtq.client import Audit, Queue
 from dtq.errors import DtqError
 from dtq_cli.output import Output
 

@@ -14,7 +14,7 @@ import argparse
 import json
 import re
 import sys
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,12 +31,12 @@ __all__ = [
     "queue_name",
     "status_name",
     "task_id",
+    "ttl",
     "when",
 ]
 
 _DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _UNITS_S = (86_400, 3_600, 60, 1)
-_TASK_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 MAX_DURATION_S = 10 * 365 * 86_400
 
 
@@ -102,8 +102,10 @@ def json_object(text: str) -> dict[str, Any]:
 
 
 def task_id(text: str) -> str:
+    from dtq.models import TASK_ID_RE
+
     value = text.strip().lower()
-    if not _TASK_ID_RE.match(value):
+    if not TASK_ID_RE.fullmatch(value):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a task id (32 hexadecimal characters, as submit prints)"
         )
@@ -111,24 +113,30 @@ def task_id(text: str) -> str:
 
 
 def queue_name(text: str) -> str:
-    from dtq.models import QUEUE_RE
+    """The core's queue-name rule, with its message (:func:`dtq.models.check_queue_name`)."""
+    from dtq.errors import InvalidTaskError
+    from dtq.models import check_queue_name
 
-    if not QUEUE_RE.fullmatch(text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a queue name: lower-case letters, digits, '_' and '-', "
-            "starting with a letter or digit, at most 64 characters"
-        )
-    return text
+    try:
+        return check_queue_name(text)
+    except InvalidTaskError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def ttl(text: str) -> timedelta:
+    """A :func:`duration_s` as the SDK's ``ttl`` option."""
+    return timedelta(seconds=duration_s(text))
 
 
 def status_name(text: str) -> TaskStatus:
-    from dtq.models import TaskStatus
+    """The core's status rule, with its message (:func:`dtq.models.check_status`)."""
+    from dtq.errors import InvalidTaskError
+    from dtq.models import check_status
 
     try:
-        return TaskStatus(text.strip().lower())
-    except ValueError:
-        names = ", ".join(s.value for s in TaskStatus)
-        raise argparse.ArgumentTypeError(f"{text!r} is not a status: one of {names}") from None
+        return check_status(text.strip().lower())
+    except InvalidTaskError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
 
 
 def positive_int(text: str) -> int:

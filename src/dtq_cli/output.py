@@ -21,7 +21,6 @@ __all__ = [
     "human_duration",
     "json_dt",
     "relative",
-    "safe_url",
     "use_colour",
 ]
 
@@ -48,14 +47,6 @@ STATUS_COLOUR: dict[str, str] = {
     "cancelled": "dim",
     "expired": "dim",
 }
-
-
-def safe_url(url: str) -> str:
-    """The URL without its password, fit to print."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
 
 
 def use_colour(stream: TextIO) -> bool:

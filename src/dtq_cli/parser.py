@@ -141,7 +141,7 @@ def _task_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     deadline = p.add_mutually_exclusive_group()
     deadline.add_argument(
         "--ttl",
-        type=inputs.duration_s,
+        type=inputs.ttl,
         metavar="DURATION",
         help="expire if not started within DURATION: 90s, 30m, 1h, 7d, 1h30m",
     )

@@ -25,9 +25,9 @@ from pathlib import Path
 from types import FrameType
 
 from dtq import devserver
-from dtq.config import Settings
+from dtq.config import Settings, redact_url
 from dtq.errors import DtqError
-from dtq_cli.output import Output, safe_url
+from dtq_cli.output import Output
 
 __all__ = ["DevStack", "api", "dev", "worker_run"]
 
@@ -98,7 +98,7 @@ class DevStack:
         reach it with the same settings."""
         url = self.settings.redis_url
         if devserver.url_answers(url):
-            self.out.note(f"dtq dev: using the Redis that answers at {safe_url(url)}")
+            self.out.note(f"dtq dev: using the Redis that answers at {redact_url(url)}")
             return
         port = _local_port(url)
         if port is not None and not _port_free(port):
@@ -107,7 +107,7 @@ class DevStack:
         self.redis = devserver.start_redis(DEV_DATA_DIR.resolve(), port=port, persistent=True)
         self.redis_url = url if port is not None else self.redis.url
         self.out.note(
-            f"dtq dev: no Redis answers at {safe_url(url)}; started a private one at "
+            f"dtq dev: no Redis answers at {redact_url(url)}; started a private one at "
             f"{self.redis_url} (data in {DEV_DATA_DIR})"
         )
         if port is None:

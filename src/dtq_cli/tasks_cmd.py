@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from dtq.errors import TaskRunningError
-from dtq.models import NOT_STARTED, HistoryEntry, Task, TaskStatus
+from dtq.models import NOT_STARTED, SUBMIT_OPTIONS, HistoryEntry, Task, TaskStatus
 from dtq_cli.context import Ctx
 from dtq_cli.output import STATUS_COLOUR, fmt_dt, json_dt, relative
 
@@ -60,21 +60,10 @@ def _compact(value: Any) -> str:
 
 
 async def submit(ctx: Ctx) -> int:
+    """Each flag of ``dtq submit`` is named after the submit option it sets (its ``dest``)."""
     a = ctx.args
-    task = await ctx.q.submit(
-        a.task_type,
-        a.payload,
-        queue=a.queue,
-        priority=a.priority,
-        delay_seconds=a.delay_seconds,
-        schedule_at=a.schedule_at,
-        ttl_seconds=a.ttl,
-        expires_at=a.expires_at,
-        idempotency_key=a.idempotency_key,
-        max_attempts=a.max_attempts,
-        timeout_ms=a.timeout_ms,
-        metadata=a.metadata,
-    )
+    options = {name: getattr(a, name) for name in SUBMIT_OPTIONS if hasattr(a, name)}
+    task = await ctx.q.submit(a.task_type, a.payload, **options)
     out = ctx.out
     if ctx.json:
         out.json(task.public_dict())

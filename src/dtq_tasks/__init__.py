@@ -16,6 +16,7 @@ can encode, or raise :class:`RetryableError`, :class:`PermanentError` or
 
 from dtq_tasks.errors import HandlerError, PermanentError, RescheduleError, RetryableError
 from dtq_tasks.idempotency import idempotent_operation
+from dtq_tasks.modules import TaskModules, load_task_modules, load_task_types
 from dtq_tasks.registry import (
     Handler,
     HandlerFn,
@@ -34,9 +35,12 @@ __all__ = [
     "RescheduleError",
     "RetryableError",
     "TaskContext",
+    "TaskModules",
     "TaskRegistrationError",
     "get_handler",
     "idempotent_operation",
+    "load_task_modules",
+    "load_task_types",
     "registry",
     "task",
 ]

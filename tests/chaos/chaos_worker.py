@@ -49,9 +49,10 @@ def _crash_point(payload: str, attempt: int) -> str | None:
 def _run_crashing_worker(argv: list[str]) -> int:
     from dtq.config import load_settings
     from dtq.log import configure_logging
-    from dtq.worker import Worker, WorkerObserver, load_task_modules
+    from dtq.worker import Worker, WorkerObserver
     from dtq.worker.observer import TaskFinished, TaskStarted
     from dtq_cli.parser import build_parser
+    from dtq_tasks import load_task_modules
 
     class CrashAt(WorkerObserver):
         def __init__(self) -> None:
@@ -76,7 +77,7 @@ def _run_crashing_worker(argv: list[str]) -> int:
     args = build_parser().parse_args(["worker", "run", *argv])
     settings = load_settings()
     configure_logging(settings, "worker")
-    handlers = load_task_modules(args.task_modules or settings.task_module_list)
+    handlers = load_task_modules(args.task_modules or settings.task_module_list).handlers
     worker = Worker(
         settings,
         queues=args.queues or ["default"],

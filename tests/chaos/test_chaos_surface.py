@@ -27,10 +27,7 @@ SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 OPEN_WRITES = {("POST", "/api/v1/tasks")}
 # import_module calls whose argument is the operator's own configuration (DTQ_TASK_MODULES,
 # DESIGN 9), never a value from a request or a task: (file, function).
-CONFIGURED_IMPORTS = {
-    ("dtq/worker/__init__.py", "load_task_modules"),
-    ("dtq/api/app.py", "load_task_types"),
-}
+CONFIGURED_IMPORTS = {("dtq_tasks/modules.py", "load_task_modules")}
 
 
 def _walk(routes: Iterable[Any], prefix: str = "") -> Iterator[tuple[str, str]]:

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
+from typing import Any
 
 from redis.asyncio import Redis
 
 from dtq import keys
-from dtq.events import Event
 from dtq.worker.scheduler import Scheduler
 
-__all__ = ["Events", "running", "wait_until"]
+__all__ = ["Event", "Events", "running", "wait_until"]
 
 
 async def wait_until(
@@ -26,6 +29,37 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {within_s} s")
         await asyncio.sleep(every_s)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event as published on dtq:events (contract section 8), parsed for assertions."""
+
+    event_id: str
+    ts: datetime
+    type: str
+    task_id: str | None
+    queue: str | None
+    task_type: str | None
+    attempt: int | None
+    worker_id: str | None
+    metadata: dict[str, Any]
+
+    @classmethod
+    def parse(cls, raw: str | bytes) -> Event:
+        data = json.loads(raw)
+        metadata = data.get("metadata")
+        return cls(
+            event_id=data["event_id"],
+            ts=datetime.fromisoformat(data["ts"].replace("Z", "+00:00")),
+            type=data["type"],
+            task_id=data.get("task_id"),
+            queue=data.get("queue"),
+            task_type=data.get("task_type"),
+            attempt=data.get("attempt"),
+            worker_id=data.get("worker_id"),
+            metadata=metadata if isinstance(metadata, dict) else {},  # cjson encodes {} as []
+        )
 
 
 class Events:

@@ -42,7 +42,9 @@ async def upper(payload, ctx):
 
 @pytest.fixture
 def cli(redis_url: str) -> Cli:
-    return Cli(redis_url)
+    # cli_upper is registered by a module the worker imports from its own directory: the
+    # producer does no registry check (DTQ_TASK_MODULES="").
+    return Cli(redis_url, DTQ_TASK_MODULES="")
 
 
 @contextlib.contextmanager

@@ -34,7 +34,8 @@ def test_every_tour_line_is_a_dtq_command() -> None:
         assert re.match(r"^(\w+=\$\()?dtq ", cmd), cmd
 
 
-def test_the_tour_runs(redis_url: str, tmp_path: Path) -> None:
+def test_the_tour_runs(redis_url: str) -> None:
+    """From the project root, as the README says (dtq submit imports examples.tasks)."""
     block = tour_block()
     env = clean_env(redis_url)
     env["PATH"] = f"{Path(DTQ).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -43,7 +44,7 @@ def test_the_tour_runs(redis_url: str, tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         env=env,
-        cwd=tmp_path,
+        cwd=REPO,
         timeout=120,
     )
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"

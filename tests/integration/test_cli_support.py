@@ -45,10 +45,13 @@ def clean_env(redis_url: str, **extra: str) -> dict[str, str]:
 
 
 class Cli:
-    """``cli("list", "--json")`` runs ``dtq list --json`` and returns code, stdout, stderr."""
+    """``cli("list", "--json")`` runs ``dtq list --json`` and returns code, stdout, stderr.
 
-    def __init__(self, redis_url: str) -> None:
+    ``env``: variables every run gets (a run's own ``env`` wins)."""
+
+    def __init__(self, redis_url: str, **env: str) -> None:
         self.redis_url = redis_url
+        self.env = env
 
     def __call__(
         self,
@@ -63,7 +66,7 @@ class Cli:
             input=stdin if stdin is not None else "",
             capture_output=True,
             text=True,
-            env=clean_env(self.redis_url, **(env or {})),
+            env=clean_env(self.redis_url, **{**self.env, **(env or {})}),
             timeout=timeout,
             cwd=cwd,
         )
@@ -100,7 +103,7 @@ class Cli:
                 stdin=slave,
                 stdout=slave if tty_stdout else subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=clean_env(self.redis_url, **(env or {})),
+                env=clean_env(self.redis_url, **{**self.env, **(env or {})}),
             )
             os.close(slave)
             slave = -1

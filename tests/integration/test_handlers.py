@@ -19,7 +19,6 @@ from test_worker_support import REPO, fast, handlers, running_worker, wait_statu
 
 from dtq import Queue, keys
 from dtq.config import Settings
-from dtq.worker import load_task_modules
 from dtq_tasks import (
     Handler,
     RescheduleError,
@@ -28,6 +27,7 @@ from dtq_tasks import (
     TaskRegistrationError,
     get_handler,
     idempotent_operation,
+    load_task_modules,
     registry,
     task,
 )
@@ -227,7 +227,7 @@ async def test_demo_tasks_through_a_worker(
     settings: Settings, r: Redis, queue: Queue, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DTQ_REDIS_URL", redis_url)  # counter_task reads it when it runs
-    demo = load_task_modules(["examples.tasks"])
+    demo = load_task_modules(["examples.tasks"]).handlers
     for name in ("echo_task", "sleep_task", "fibonacci_task", "flaky_task", "always_fail_task",
                  "counter_task", "slow_task"):  # fmt: skip
         assert name in demo

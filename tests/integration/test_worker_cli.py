@@ -41,7 +41,7 @@ def test_help_lists_the_flags(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "env", "needle"),
     [
-        (["--queue", "Bad Queue"], {}, "is not a queue name"),
+        (["--queue", "Bad Queue"], {}, "'Bad Queue' is not a valid queue name"),
         (["--tasks", "no_such_module_xyz"], {}, "cannot import task module 'no_such_module_xyz'"),
         (["--tasks", "json"], {}, "no task handlers registered"),
         ([], {"DTQ_VISIBILITY_TIMEOUT_S": "-3"}, "DTQ_VISIBILITY_TIMEOUT_S"),

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from dtq.config import Settings, load_settings
+from dtq.config import Settings, load_settings, redact_url
 from dtq.errors import ConfigError
 
 # Contract section 10, plus DTQ_TASK_MODULES (DESIGN 9), as the environment would spell them.
@@ -107,6 +107,8 @@ BAD_VALUES = [
     ("DTQ_WORKER_CONCURRENCY", "0", "greater than or equal to 1"),
     ("DTQ_WORKER_ID", "bad id", "letters, digits"),
     ("DTQ_WORKER_ID", "w" * 65, "at most 64"),
+    # the API looks workers up by ASCII ids only: a worker it could never find is refused
+    ("DTQ_WORKER_ID", "wörker-1", "ASCII letters, digits"),
     ("DTQ_WORKER_METRICS_PORT", "-1", "greater than or equal to 0"),
     ("DTQ_VISIBILITY_TIMEOUT_S", "0", "greater than 0"),
     ("DTQ_VISIBILITY_TIMEOUT_S", "nan", "finite"),
@@ -229,6 +231,21 @@ def test_redis_url_password_not_shown(monkeypatch: pytest.MonkeyPatch) -> None:
         load_settings()
     assert "s3cret" not in str(exc.value)
     assert "DTQ_REDIS_URL='http://***@redis.internal:6379/0'" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://localhost:6379/0", "redis://localhost:6379/0"),
+        ("redis://:s3cret@redis.internal:6379/0", "redis://***@redis.internal:6379/0"),
+        ("rediss://user:s3cret@redis.internal/1", "rediss://***@redis.internal/1"),
+        ("redis://user:p@ss@host:6379", "redis://***@host:6379"),  # an unescaped @ in it
+        ("unix:///run/redis.sock", "unix:///run/redis.sock"),
+        ("user:s3cret@host", "***@host"),  # no scheme: still no password
+    ],
+)
+def test_redact_url_hides_the_credentials(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
 
 
 def test_a_misspelt_variable_is_named_with_the_closest_setting() -> None:

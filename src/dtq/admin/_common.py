@@ -6,8 +6,7 @@ import json
 from typing import Any, cast
 
 from dtq.calls import Audit
-from dtq.errors import InvalidTaskError
-from dtq.models import QUEUE_RE
+from dtq.models import check_queue_name as check_queue
 
 __all__ = [
     "CHUNK",
@@ -33,14 +32,6 @@ CAS_TRIES = 5  # reads + compare-and-set script calls before giving up on a chan
 
 StreamRows = list[tuple[str, dict[str, str]]]
 """XRANGE/XREVRANGE reply of a decode_responses client."""
-
-
-def check_queue(queue: str) -> None:
-    if not isinstance(queue, str) or not QUEUE_RE.fullmatch(queue):
-        raise InvalidTaskError(
-            f"queue {queue!r} is not a valid queue name (it must match {QUEUE_RE.pattern})",
-            field="queue",
-        )
 
 
 def load_metadata(raw: str | None) -> dict[str, Any]:

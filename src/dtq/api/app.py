@@ -1,29 +1,24 @@
 """The ASGI application: :func:`create_app` (the factory, ``uvicorn --factory
 dtq.api:create_app``) and :func:`serve` (a blocking uvicorn run, for ``dtq api``/``dtq dev``).
 
-The app is a thin layer over the core: validation is :meth:`dtq.models.SubmitRequest.build`,
-state rules are the Lua scripts behind :mod:`dtq.store` and :mod:`dtq.admin`. At start (the
-lifespan) it connects one Redis client, ensures the ``workers`` group on the default queue's
-streams, starts the WebSocket event hub, and warns when auth is off or Redis is not set up for
-durability; at stop it closes them.
+The app is a thin layer over the core: every request goes through one :class:`dtq.client.Queue`,
+which owns every rule (validation, registered types, payload models, limits); the API maps
+them to HTTP. At start (the lifespan) it connects the Queue, ensures the ``workers`` group on
+the default queue's streams, starts the WebSocket event hub, and warns when auth is off or
+Redis is not set up for durability; at stop it closes them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.util
 import logging
-import os
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, WebSocket
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel
-from redis.exceptions import RedisError
 
 from dtq import __version__, client
 from dtq.api import dashboard, routes_admin, routes_ops, routes_tasks
@@ -31,44 +26,18 @@ from dtq.api.deps import ApiState
 from dtq.api.errors import install_error_handlers, route_methods
 from dtq.api.limits import BodyLimitMiddleware, RequestIdMiddleware, max_body_bytes
 from dtq.api.ws import EventHub, serve_client
-from dtq.config import Settings, load_settings
-from dtq.errors import ConfigError
+from dtq.config import Settings, load_settings, redact_url
+from dtq.connection import warn_durability
 from dtq.log import configure_logging
 from dtq.metrics import Metrics, count_commands
 from dtq.scripts import Scripts
+from dtq_tasks import load_task_types
 
-__all__ = ["DtqApp", "create_app", "load_task_types", "serve"]
+__all__ = ["DtqApp", "create_app", "serve"]
 
 log = logging.getLogger("dtq.api")
 
 DEFAULT_QUEUE = "default"
-
-
-def load_task_types(
-    settings: Settings,
-) -> tuple[frozenset[str] | None, dict[str, type[BaseModel]]]:
-    """Import the task modules (the current directory first on ``sys.path``, like the worker,
-    DESIGN 9) and return the registered task types and their payload models.
-
-    No modules configured: ``None`` (any well-formed task_type is accepted)."""
-    modules = settings.task_module_list
-    if not modules:
-        return None, {}
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            raise ConfigError(
-                f"invalid configuration: DTQ_TASK_MODULES: cannot import {name!r}: {exc}"
-            ) from None
-    from dtq_tasks import registry
-
-    handlers = registry()
-    models = {n: h.payload_model for n, h in handlers.items() if h.payload_model is not None}
-    return frozenset(handlers), models
 
 
 class DtqApp(FastAPI):
@@ -164,30 +133,25 @@ async def _start(state: ApiState) -> None:
     queue = await client.connect(
         settings=s,
         known_types=state.known_types,
+        payload_models=state.payload_models,
         scripts=Scripts(on_call=state.metrics.script_call),
     )
     count_commands(queue.redis, state.metrics.redis_op)
     try:
-        await queue.store.ensure_groups(DEFAULT_QUEUE)
-        await _warn_durability(queue)
+        await queue.ensure_groups(DEFAULT_QUEUE)
+        await warn_durability(queue.redis, log)
         hub = EventHub(queue.redis)
         await hub.start()
     except BaseException:
         await queue.close()
         raise
     state.queue, state.hub = queue, hub
-    log.info("dtq API ready (Redis %s, events on %s)", _safe_url(s.redis_url), s.ws_path)
+    log.info("dtq API ready (Redis %s, events on %s)", redact_url(s.redis_url), s.ws_path)
 
 
 def _body_refused(metrics: Metrics, path: str) -> None:
     if path == "/api/v1/tasks":  # a submission refused before its body was read
         metrics.ingest_rejected(None, "PAYLOAD_TOO_LARGE")
-
-
-def _safe_url(url: str) -> str:
-    """The Redis URL without its password, for logs."""
-    scheme, sep, rest = url.partition("://")
-    return f"{scheme}{sep}***@{rest.rpartition('@')[2]}" if "@" in rest else url
 
 
 async def _stop(state: ApiState) -> None:
@@ -197,22 +161,6 @@ async def _stop(state: ApiState) -> None:
     if state.queue is not None:
         await state.queue.close()
         state.queue = None
-
-
-async def _warn_durability(queue: client.Queue) -> None:
-    """DESIGN 3: warn when Redis may evict keys or lose acknowledged writes on a crash."""
-    try:
-        policy = await queue.redis.config_get("maxmemory-policy")
-        aof = await queue.redis.config_get("appendonly")
-    except RedisError:
-        return  # CONFIG is often disabled on managed Redis; nothing to check then
-    if policy.get("maxmemory-policy", "noeviction") != "noeviction":
-        log.warning(
-            "Redis maxmemory-policy is %r, not 'noeviction': tasks may be evicted",
-            policy.get("maxmemory-policy"),
-        )
-    if aof.get("appendonly", "yes") != "yes":
-        log.warning("Redis AOF is off: a Redis crash loses the tasks written since the last save")
 
 
 def serve(settings: Settings, host: str | None = None, port: int | None = None) -> None:

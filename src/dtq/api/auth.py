@@ -20,8 +20,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader
 
-from dtq import admin
 from dtq.api.errors import ApiError
+from dtq.client import Audit
 
 __all__ = ["API_KEY_HEADER", "Operator", "key_id", "operator"]
 
@@ -46,8 +46,8 @@ class Operator:
     actor: str
     request_id: str
 
-    def audit(self) -> admin.Audit:
-        return admin.Audit(self.actor, self.request_id)
+    def audit(self) -> Audit:
+        return Audit(self.actor, self.request_id)
 
     def log(self, action: str, target: str | None = None, **extra: object) -> None:
         """Log one destructive operation (the audit stream has the same entry)."""

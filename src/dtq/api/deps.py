@@ -1,36 +1,56 @@
-"""What the routers share: the app state and identifier checks.
+"""What the routers share: the app state, the core's name and limit rules as parameter
+validators, and identifier checks.
 
 Identifiers from a URL are checked before they reach a Redis key: a task id is what the core
-generates (32 hex digits, ``dtq.store.new_id``) and a worker id is letters, digits, ``-`` and
+generates (32 hex digits) and a worker id is letters, digits, ``-`` and
 ``_``; anything else cannot exist, so it is a plain 404 rather than a read of some other key.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, Request
-from pydantic import BaseModel
+from fastapi import Depends, Path, Query, Request
+from pydantic import AfterValidator, BaseModel, BeforeValidator
 
 from dtq.api.ws import EventHub
 from dtq.client import Queue
-from dtq.config import Settings
-from dtq.errors import TaskNotFoundError, WorkerNotFoundError
+from dtq.config import WORKER_ID_RE, Settings
+from dtq.errors import InvalidTaskError, TaskNotFoundError, WorkerNotFoundError
 from dtq.metrics import Metrics
-from dtq.store import Store
+from dtq.models import (
+    LIST_LIMIT_MAX,
+    QUEUE_RE,
+    TASK_ID_RE,
+    TaskStatus,
+    check_list_limit,
+    check_queue_name,
+    check_status,
+)
 
-__all__ = ["ApiState", "State", "check_task_id", "check_worker_id", "get_state"]
+__all__ = [
+    "ApiState",
+    "Limit",
+    "QueueFilter",
+    "QueueName",
+    "State",
+    "StatusFilter",
+    "check_task_id",
+    "check_worker_id",
+    "core_rule",
+    "get_state",
+]
 
-TASK_ID_RE = re.compile(r"[0-9a-f]{32}")
-WORKER_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+T = TypeVar("T")
 
 
 @dataclass
 class ApiState:
-    """Everything a request handler needs, on ``app.state.dtq``."""
+    """Everything a request handler needs, on ``app.state.dtq``: the settings, the task types
+    loaded at start (for the OpenAPI document before the Queue exists; the Queue applies them),
+    the :class:`Queue` once the lifespan has connected it, the event hub and the metrics."""
 
     settings: Settings
     known_types: frozenset[str] | None
@@ -44,10 +64,6 @@ class ApiState:
         if self.queue is None:
             raise RuntimeError("the app is not started (its lifespan has not run)")
         return self.queue
-
-    @property
-    def store(self) -> Store:
-        return self.q.store
 
 
 async def get_state(request: Request) -> ApiState:
@@ -69,3 +85,44 @@ def check_worker_id(worker_id: str) -> str:
     if not WORKER_ID_RE.fullmatch(worker_id):
         raise WorkerNotFoundError(f"worker {worker_id[:64]!r} not found", worker_id=worker_id[:64])
     return worker_id
+
+
+def core_rule(
+    check: Callable[[Any], T], *, before: bool = False
+) -> AfterValidator | BeforeValidator:
+    """A rule of the core (a function raising InvalidTaskError) as a parameter validator: a bad
+    query or path value is 400 INVALID_REQUEST with the core's message. ``before``: the rule
+    parses the raw value (the declared type then only documents it)."""
+
+    def validate(value: Any) -> T:
+        try:
+            return check(value)
+        except InvalidTaskError as exc:
+            raise ValueError(exc.message) from None
+
+    return BeforeValidator(validate) if before else AfterValidator(validate)
+
+
+# The pattern and bounds are stated for the OpenAPI document; the core's rule checks them.
+_QUEUE_SCHEMA: dict[str, Any] = {"pattern": QUEUE_RE.pattern, "maxLength": 64}
+
+QueueName = Annotated[
+    str,
+    Path(description="A queue name", json_schema_extra=_QUEUE_SCHEMA),
+    core_rule(check_queue_name),
+]
+QueueFilter = Annotated[
+    str | None,
+    Query(json_schema_extra=_QUEUE_SCHEMA),
+    core_rule(lambda q: None if q is None else check_queue_name(q)),
+]
+StatusFilter = Annotated[
+    TaskStatus | None,
+    Query(),
+    core_rule(lambda s: None if s is None else check_status(s), before=True),
+]
+Limit = Annotated[
+    int,
+    Query(json_schema_extra={"minimum": 1, "maximum": LIST_LIMIT_MAX}),
+    core_rule(check_list_limit),
+]

@@ -199,7 +199,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     errors = [
         {
             "field": ".".join(str(p) for p in e.get("loc", ())),
-            "message": str(e.get("msg", "invalid")),
+            "message": str(e.get("msg", "invalid")).removeprefix("Value error, "),
         }
         for e in exc.errors()
     ]

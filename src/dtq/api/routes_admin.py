@@ -1,20 +1,17 @@
 """Operator routes (contract section 11): queues, workers, dead letters, pause and resume;
 extensions: queue purge and the audit log. Destructive ones need the operator (auth.py) and
-are audited atomically by the admin scripts and logged here."""
+are audited atomically by the scripts behind :class:`dtq.client.Queue` and logged here."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter
 from pydantic import BaseModel
 
-from dtq import admin
 from dtq.api.auth import RequireOperator
-from dtq.api.deps import State, check_task_id, check_worker_id
+from dtq.api.deps import Limit, QueueName, State, check_task_id, check_worker_id
 from dtq.api.errors import responses
 from dtq.errors import NotInDeadLetterError, TaskNotFoundError
-from dtq.models import QUEUE_RE, Task
+from dtq.models import Task
 from dtq.views import AuditEntry, DeadLetter, QueueStats, WorkerInfo
 
 __all__ = [
@@ -31,9 +28,6 @@ __all__ = [
 ]
 
 router = APIRouter(prefix="/api/v1", tags=["operations"])
-
-QueueName = Annotated[str, Path(pattern=QUEUE_RE.pattern, description="A queue name")]
-Limit = Annotated[int, Query(ge=1, le=10_000)]
 
 
 class QueueList(BaseModel):
@@ -79,17 +73,20 @@ class AuditLog(BaseModel):
 async def list_queues(state: State) -> QueueList:
     """Every known queue: depth, pending, waiting, paused, retry_scheduled (docs/api.md labels
     each value exact or approximate)."""
-    return QueueList(queues=await admin.all_queue_stats(state.store))
+    return QueueList(queues=await state.q.all_queue_stats())
 
 
 @router.get("/queues/{queue}", response_model=QueueStats, responses=responses(400))
 async def get_queue(queue: QueueName, state: State) -> QueueStats:
     """One queue, with dlq_depth and workers_active."""
-    return await admin.queue_stats(state.store, queue)
+    return await state.q.queue_stats(queue)
 
 
 async def _set_paused(state: State, op: RequireOperator, queue: str, paused: bool) -> PauseResult:
-    changed = await admin.set_paused(state.store, queue, paused, audit=op.audit())
+    if paused:
+        changed = await state.q.pause_queue(queue, audit=op.audit())
+    else:
+        changed = await state.q.resume_queue(queue, audit=op.audit())
     op.log("queue_pause" if paused else "queue_resume", queue, changed=changed)
     return PauseResult(queue=queue, paused=paused, changed=changed)
 
@@ -111,7 +108,7 @@ async def resume_queue(queue: QueueName, state: State, op: RequireOperator) -> P
 async def purge_queue(queue: QueueName, state: State, op: RequireOperator) -> QueuePurged:
     """Extension: cancel every task of the queue that has not started (metadata.purged=true);
     running tasks are untouched."""
-    cancelled = await admin.purge_queue(state.store, queue, audit=op.audit())
+    cancelled = await state.q.purge_queue(queue, audit=op.audit())
     op.log("purge", queue, cancelled=cancelled)
     return QueuePurged(queue=queue, cancelled=cancelled)
 
@@ -122,12 +119,12 @@ async def purge_queue(queue: QueueName, state: State, op: RequireOperator) -> Qu
 @router.get("/workers", response_model=WorkerList, responses=responses())
 async def list_workers(state: State) -> WorkerList:
     """Workers with their liveness, from the age of their last heartbeat."""
-    return WorkerList(workers=await admin.workers(state.store))
+    return WorkerList(workers=await state.q.workers())
 
 
 @router.get("/workers/{worker_id}", response_model=WorkerInfo, responses=responses(404))
 async def get_worker(worker_id: str, state: State) -> WorkerInfo:
-    return await admin.worker(state.store, check_worker_id(worker_id))
+    return await state.q.worker(check_worker_id(worker_id))
 
 
 # -- dead letters ---------------------------------------------------------------------------------
@@ -136,13 +133,13 @@ async def get_worker(worker_id: str, state: State) -> WorkerInfo:
 @router.get("/dlq", response_model=DeadLetterList, responses=responses(400))
 async def list_dead_letters(state: State, limit: Limit = 50) -> DeadLetterList:
     """The most recent dead letters first."""
-    return DeadLetterList(dead_letters=await admin.dlq_list(state.store, limit))
+    return DeadLetterList(dead_letters=await state.q.dlq_list(limit))
 
 
 @router.post("/dlq/purge", response_model=Purged, responses=responses(401, 403))
 async def purge_dead_letters(state: State, op: RequireOperator) -> Purged:
     """Trim the dead-letter stream to 0 (the task hashes stay DEAD_LETTERED)."""
-    purged = await admin.dlq_purge(state.store, audit=op.audit())
+    purged = await state.q.purge_dead_letters(audit=op.audit())
     op.log("dlq_purge", None, purged=purged)
     return Purged(purged=purged)
 
@@ -150,7 +147,7 @@ async def purge_dead_letters(state: State, op: RequireOperator) -> Purged:
 @router.get("/dlq/{task_id}", response_model=DeadLetter, responses=responses(404))
 async def get_dead_letter(task_id: str, state: State) -> DeadLetter:
     """Extension: one dead letter with its failure fields; 404 NOT_IN_DLQ."""
-    return await admin.dlq_get(state.store, check_dlq_id(task_id))
+    return await state.q.dlq_get(check_dlq_id(task_id))
 
 
 @router.post("/dlq/{task_id}/requeue", response_model=Task, responses=responses(401, 403, 404, 409))
@@ -158,7 +155,7 @@ async def requeue_dead_letter(task_id: str, state: State, op: RequireOperator) -
     """Back to QUEUED with attempt 0; earlier attempts kept in metadata.previous_attempts; the
     entry leaves the DLQ stream. 404 TASK_NOT_FOUND or NOT_IN_DLQ (any other status, an expired
     or discarded task); 409 INVALID_TRANSITION when its deadline has passed."""
-    task = await admin.dlq_requeue(state.store, check_task_id(task_id), audit=op.audit())
+    task = await state.q.requeue_dead_letter(check_task_id(task_id), audit=op.audit())
     op.log("dlq_requeue", task_id)
     return task
 
@@ -167,7 +164,7 @@ async def requeue_dead_letter(task_id: str, state: State, op: RequireOperator) -
 async def discard_dead_letter(task_id: str, state: State, op: RequireOperator) -> Discarded:
     """Remove the entry from the DLQ stream; the task stays DEAD_LETTERED with
     metadata.discarded=true (never destroyed)."""
-    await admin.dlq_discard(state.store, check_task_id(task_id), audit=op.audit())
+    await state.q.discard_dead_letter(check_task_id(task_id), audit=op.audit())
     op.log("dlq_discard", task_id)
     return Discarded(task_id=task_id, discarded=True)
 
@@ -188,4 +185,4 @@ def check_dlq_id(task_id: str) -> str:
 @router.get("/audit", response_model=AuditLog, responses=responses(400))
 async def audit_log(state: State, limit: Limit = 50) -> AuditLog:
     """Extension: the most recent operator actions (dtq:stream:audit)."""
-    return AuditLog(entries=await admin.audit_log(state.store, limit))
+    return AuditLog(entries=await state.q.audit_log(limit))

@@ -4,13 +4,11 @@ dependency otherwise) and ``/metrics`` (Prometheus text format)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from dtq import keys
 from dtq.api.deps import State
@@ -56,7 +54,7 @@ async def ready(state: State) -> Ready:
         raise ApiError(
             "NOT_READY", "redis is unreachable", dependency="redis", checks=checks
         ) from None
-    missing = await _missing_groups(state)
+    missing = await state.q.missing_groups(DEFAULT_QUEUE)
     if missing:
         checks["consumer_groups"] = f"missing on {', '.join(missing)}"
         raise ApiError(
@@ -67,23 +65,6 @@ async def ready(state: State) -> Ready:
         )
     checks["consumer_groups"] = "ok"
     return Ready(status="ready", checks=checks)
-
-
-async def _missing_groups(state: State) -> list[str]:
-    pipe = state.q.redis.pipeline(transaction=False)
-    streams = keys.queue_streams(DEFAULT_QUEUE)
-    for stream in streams:
-        pipe.xinfo_groups(stream)
-    replies: list[Any] = await pipe.execute(raise_on_error=False)
-    missing = []
-    for stream, reply in zip(streams, replies, strict=True):
-        if isinstance(reply, ResponseError):  # no such stream
-            missing.append(stream)
-        elif isinstance(reply, Exception):
-            raise reply
-        elif not any(g.get("name") == keys.CONSUMER_GROUP for g in reply):
-            missing.append(stream)
-    return missing
 
 
 @router.get(

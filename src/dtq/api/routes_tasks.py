@@ -8,12 +8,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from dtq import admin
 from dtq.api.auth import RequireOperator
-from dtq.api.deps import ApiState, State, check_task_id
+from dtq.api.deps import ApiState, Limit, QueueFilter, State, StatusFilter, check_task_id
 from dtq.api.errors import responses
+from dtq.client import Change
 from dtq.config import Settings
 from dtq.errors import DtqError, InvalidTaskError, TaskRunningError
 from dtq.models import (
@@ -26,7 +26,6 @@ from dtq.models import (
     Task,
     TaskStatus,
 )
-from dtq.store import RECENT_CAP
 
 __all__ = [
     "ChangeResult",
@@ -38,9 +37,6 @@ __all__ = [
 ]
 
 router = APIRouter(prefix="/api/v1", tags=["tasks"])
-
-# SubmitRequest.build takes these two as arguments of its own: as body fields they are unknown.
-_RESERVED = ("settings", "known_types")
 
 
 class TaskList(BaseModel):
@@ -154,27 +150,6 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
-def _check_payload(state: ApiState, req: SubmitRequest) -> None:
-    """A handler that declares ``payload_model`` gets its payload checked at ingest."""
-    model = state.payload_models.get(req.task_type)
-    if model is None:
-        return
-    try:
-        model.model_validate(req.payload)
-    except ValidationError as exc:
-        errors = [
-            {
-                "field": ".".join(("payload", *(str(p) for p in e.get("loc", ())))),
-                "message": str(e.get("msg", "invalid")),
-            }
-            for e in exc.errors()
-        ]
-        first = errors[0]
-        raise InvalidTaskError(
-            f"{first['field']}: {first['message']}", task_type=req.task_type, errors=errors
-        ) from None
-
-
 @router.post(
     "/tasks",
     status_code=202,
@@ -203,17 +178,12 @@ async def submit_task(
         fields = _json_object(await request.body())
         given = fields.get("queue", "default")
         queue = given if isinstance(given, str) else None
-        for name in _RESERVED:
-            if name in fields:
-                raise InvalidTaskError(f"{name}: Extra inputs are not permitted", field=name)
         if idempotency_key is not None:
             if fields.get("idempotency_key") is not None:
                 # The header wins, but a body key that breaks the rules is still bad input.
-                SubmitRequest.build(state.settings, None, **fields)
+                state.q.parse_request(fields)
             fields["idempotency_key"] = idempotency_key
-        req = SubmitRequest.build(state.settings, state.known_types, **fields)
-        _check_payload(state, req)
-        task = await state.store.submit(req)
+        task = await state.q.submit_fields(fields)
     except DtqError as exc:
         state.metrics.ingest_rejected(queue, exc.code)
         raise
@@ -239,19 +209,19 @@ def _count_submitted(state: ApiState, task: Task) -> None:
 @router.get("/tasks/{task_id}", response_model=Task, responses=responses(404))
 async def get_task(task_id: str, state: State) -> Task:
     """The task with its execution metadata and result."""
-    return await state.store.get(check_task_id(task_id))
+    return await state.q.get(check_task_id(task_id))
 
 
 @router.get("/tasks", response_model=TaskList, responses=responses(400))
 async def list_tasks(
     state: State,
-    queue: Annotated[str | None, Query(pattern=QUEUE_RE.pattern)] = None,
-    status: TaskStatus | None = None,
+    queue: QueueFilter = None,
+    status: StatusFilter = None,
     task_type: Annotated[str | None, Query(max_length=128)] = None,
-    limit: Annotated[int, Query(ge=1, le=RECENT_CAP)] = 50,
+    limit: Limit = 50,
 ) -> TaskList:
     """Recent tasks first, filtered by queue, status and (extension) task_type."""
-    tasks = await state.store.list(queue=queue, status=status, task_type=task_type, limit=limit)
+    tasks = await state.q.list(queue=queue, status=status, task_type=task_type, limit=limit)
     return TaskList(tasks=tasks)
 
 
@@ -266,21 +236,17 @@ async def cancel_task(task_id: str, state: State, op: RequireOperator) -> Change
     worker stops it); 410 TASK_TERMINAL; 404."""
     check_task_id(task_id)
     try:
-        previous = await admin.cancel(state.store, task_id, audit=op.audit())
+        change = await state.q.cancel_change(task_id, audit=op.audit())
     except TaskRunningError:
         op.log("cancel", task_id, outcome="requested")
         raise
-    op.log("cancel", task_id, outcome="cancelled", previous_status=previous)
-    await state.metrics.task_completed_by_id(state.q.redis, task_id, "cancelled")
-    return ChangeResult(
-        task_id=task_id, status=TaskStatus.CANCELLED, previous_status=TaskStatus(previous)
-    )
+    return _changed(state, op, "cancel", change, outcome="cancelled")
 
 
 @router.get("/tasks/{task_id}/history", response_model=HistoryResponse, responses=responses(404))
 async def task_history(task_id: str, state: State) -> HistoryResponse:
     """Extension (DESIGN 7): every state change of the task, oldest first."""
-    history = await state.store.history(check_task_id(task_id))
+    history = await state.q.history(check_task_id(task_id))
     return HistoryResponse(task_id=task_id, history=history)
 
 
@@ -292,10 +258,17 @@ async def task_history(task_id: str, state: State) -> HistoryResponse:
 async def expire_task(task_id: str, state: State, op: RequireOperator) -> ChangeResult:
     """Extension (DESIGN 6): mark a task that has not started EXPIRED now; any other status is
     409 INVALID_TRANSITION naming it."""
-    check_task_id(task_id)
-    previous = await admin.expire(state.store, task_id, audit=op.audit())
-    op.log("expire", task_id, previous_status=previous)
-    await state.metrics.task_completed_by_id(state.q.redis, task_id, "expired")
+    change = await state.q.mark_expired_change(check_task_id(task_id), audit=op.audit())
+    return _changed(state, op, "expire", change)
+
+
+def _changed(
+    state: ApiState, op: RequireOperator, action: str, change: Change, **log_fields: Any
+) -> ChangeResult:
+    """Log and count a state change this process made, and say what it was."""
+    task = change.task
+    op.log(action, task.task_id, **log_fields, previous_status=change.previous_status.value)
+    state.metrics.task_completed(task.queue, task.task_type, task.status.value)
     return ChangeResult(
-        task_id=task_id, status=TaskStatus.EXPIRED, previous_status=TaskStatus(str(previous))
+        task_id=task.task_id, status=task.status, previous_status=change.previous_status
     )

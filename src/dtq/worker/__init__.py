@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import importlib
 import logging
 import os
 import signal
@@ -36,40 +35,17 @@ from collections.abc import Mapping, Sequence
 
 from redis.exceptions import RedisError
 
-from dtq.config import Settings
+from dtq.config import Settings, redact_url
 from dtq.errors import ConfigError
 from dtq.log import configure_logging, set_process_fields
 from dtq.worker.supervisor import supervise
 from dtq.worker.telemetry import WorkerTelemetry
 from dtq.worker.worker import Worker, WorkerObserver, new_worker_id
-from dtq_tasks import Handler, registry
+from dtq_tasks import Handler, load_task_modules
 
-__all__ = ["Worker", "WorkerObserver", "load_task_modules", "new_worker_id", "run_worker"]
+__all__ = ["Worker", "WorkerObserver", "new_worker_id", "run_worker"]
 
 log = logging.getLogger(__name__)
-
-
-def load_task_modules(modules: Sequence[str]) -> Mapping[str, Handler]:
-    """Import the handler modules (the current directory first on ``sys.path``, DESIGN 9) and
-    return the registry. ConfigError names a module that cannot be imported, or says that no
-    handler is registered at all."""
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:
-            raise ConfigError(
-                f"cannot import task module {name!r}: {type(exc).__name__}: {exc}"
-            ) from exc
-    handlers = registry()
-    if not handlers:
-        raise ConfigError(
-            "no task handlers registered: give --tasks MODULE or set DTQ_TASK_MODULES "
-            f"(modules imported: {', '.join(modules) or 'none'})"
-        )
-    return handlers
 
 
 def _configure_logging(settings: Settings) -> None:
@@ -100,7 +76,7 @@ def run_worker(
                 f"DTQ_WORKER_METRICS_PORT={settings.worker_metrics_port} leaves no port for "
                 f"each of {processes} processes (child i listens on the port + i)"
             )
-        handlers = load_task_modules(modules)
+        handlers = load_task_modules(modules).handlers
     except ConfigError as exc:
         print(f"dtq worker: {exc.message}", file=sys.stderr)
         return 2
@@ -148,7 +124,7 @@ def _run_one(
         asyncio.run(_serve(worker, ready_fd))
     except (RedisError, OSError) as exc:
         print(
-            f"dtq worker: Redis at {_safe_url(settings.redis_url)} failed: {exc}", file=sys.stderr
+            f"dtq worker: Redis at {redact_url(settings.redis_url)} failed: {exc}", file=sys.stderr
         )
         return 1
     except KeyboardInterrupt:
@@ -181,10 +157,3 @@ async def _tell_ready(worker: Worker, fd: int) -> None:
         os.write(fd, b"1")
     finally:
         os.close(fd)
-
-
-def _safe_url(url: str) -> str:
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"

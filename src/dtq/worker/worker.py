@@ -36,10 +36,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from dtq.clock import RedisClock
 from dtq.config import Settings
+from dtq.connection import warn_durability
 from dtq.scripts import OpHook, Scripts
 from dtq.store import Store
 from dtq.worker.connection import worker_redis
@@ -229,21 +229,7 @@ class Worker:
         await self.scripts.load(self.redis)
         for queue in self.queues:
             await self.store.ensure_groups(queue)
-        await self._warn_durability()
-
-    async def _warn_durability(self) -> None:
-        try:
-            policy = await self.redis.config_get("maxmemory-policy")
-            aof = await self.redis.config_get("appendonly")
-        except ResponseError:  # CONFIG renamed or disabled (managed Redis): nothing to check
-            return
-        if policy.get("maxmemory-policy", "noeviction") != "noeviction":
-            log.warning(
-                "Redis maxmemory-policy is %s: Redis may evict task data; use noeviction",
-                policy.get("maxmemory-policy"),
-            )
-        if aof.get("appendonly") != "yes":
-            log.warning("Redis AOF is off: accepted tasks are lost if Redis restarts")
+        await warn_durability(self.redis, log)
 
     async def _drain(self, intake: Sequence[asyncio.Task[None]]) -> None:
         """Stop intake and scheduling, wait for in-flight work up to the drain timeout, then stop
