@@ -33,7 +33,6 @@ from dtq.metrics.registry import (
     Metrics,
     MetricsServer,
     count_commands,
-    task_labels,
 )
 
 __all__ = [
@@ -48,5 +47,4 @@ __all__ = [
     "OpHook",
     "RedisGauges",
     "count_commands",
-    "task_labels",
 ]

@@ -3,8 +3,7 @@ count Redis commands, and the worker's HTTP endpoint (:class:`MetricsServer`).""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection
 from threading import Thread
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
@@ -19,7 +18,6 @@ from prometheus_client import (
 )
 from prometheus_client.metrics import MetricWrapperBase
 
-from dtq import keys
 from dtq.config import Settings
 from dtq.metrics.redis_gauges import OpHook, RedisGauges
 from dtq.models import QUEUE_RE, TASK_TYPE_RE
@@ -37,10 +35,8 @@ __all__ = [
     "Metrics",
     "MetricsServer",
     "count_commands",
-    "task_labels",
 ]
 
-log = logging.getLogger(__name__)
 
 LABEL_NAMES = frozenset(
     {"queue", "task_type", "status", "result", "worker_id", "operation", "reason"}
@@ -290,20 +286,6 @@ def count_commands(redis: Redis, hook: OpHook) -> None:
         return reply
 
     redis.execute_command = execute_command  # type: ignore[method-assign]
-
-
-async def task_labels(redis: Redis, task_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """(queue, task_type) of each task whose hash still exists, in one round trip."""
-    if not task_ids:
-        return {}
-    pipe = redis.pipeline(transaction=False)
-    for tid in task_ids:
-        pipe.hmget(keys.task(tid), "queue", "task_type")
-    out = {}
-    for tid, (queue, task_type) in zip(task_ids, await pipe.execute(), strict=True):
-        if queue is not None:
-            out[tid] = (str(queue), str(task_type or ""))
-    return out
 
 
 class MetricsServer:
