@@ -23,6 +23,16 @@ and the scheduler, wait up to ``DTQ_DRAIN_TIMEOUT_S`` for in-flight work, stop w
 *without* acknowledging it (a peer reclaims it), flush finishes, delete its consumers that hold
 no entry (:mod:`dtq.worker.consumers`), heartbeat to the end, then status stopped and
 WORKER_STOPPED.
+
+**One worker per id.** Fencing is by consumer name, the worker id: two live workers with one
+``DTQ_WORKER_ID`` would each renew and finish the other's entries. Before its first heartbeat a
+worker reads the hash of its id (:func:`~dtq.worker.consumers.worker_states`, judged by
+:func:`~dtq.views.worker_liveness`): none, stopped or stale, it starts. A fresh one may be a
+live worker or a crashed one whose last beat is young, so it watches that hash: a new beat
+means a live worker, and it refuses to start (:class:`~dtq.errors.ConfigError`; ``dtq worker
+run`` exits 2); no beat until the hash is stale (at most three heartbeat intervals) means the
+other is dead, and it starts. A supervised child that takes its own id over (the supervisor
+reaped the process that had it, ``adopt``) skips the check (docs/operations.md, "Worker ids").
 """
 
 from __future__ import annotations
@@ -33,17 +43,20 @@ import logging
 import random
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 
+from dtq import keys
 from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.connection import warn_durability
+from dtq.errors import ConfigError
 from dtq.scripts import OpHook, Scripts
 from dtq.store import Store
+from dtq.views import stale_after_ms, worker_liveness
 from dtq.worker.connection import worker_redis
-from dtq.worker.consumers import drop_own
+from dtq.worker.consumers import drop_own, worker_states
 from dtq.worker.execution import Executor
 from dtq.worker.heartbeat import Heartbeat
 from dtq.worker.intake import BLOCK_MS, READ_BATCH, Intake
@@ -155,6 +168,7 @@ class Worker:
         """Run until :meth:`stop`; returns after the ordered shutdown."""
         try:
             await self._prepare()
+            await self._check_id_free()
             await asyncio.to_thread(self.heartbeat.start, asyncio.get_running_loop())
             self.prepared.set()
         except BaseException:
@@ -230,6 +244,41 @@ class Worker:
         for queue in self.queues:
             await self.store.ensure_groups(queue)
         await warn_durability(self.redis, log)
+
+    async def _check_id_free(self) -> None:
+        """Return once no live worker has this worker's id; raise ConfigError when one does
+        (see the module docstring)."""
+        if self.worker_id in self._adopt:
+            return  # its last holder is a process the supervisor reaped
+        stale_ms = stale_after_ms(self.settings.heartbeat_interval_s)
+        [h] = await worker_states(self.store, [self.worker_id])
+        live = worker_liveness(h, self.clock.now_ms(), stale_ms)
+        if not live.alive:
+            return
+        seen_ms = live.beat_ms
+        log.warning(
+            "worker %s: a worker with this id heartbeated %s ago: waiting for its next beat (it "
+            "runs: this one does not start) or for its hash to go stale (it died: this one "
+            "starts)",
+            self.worker_id,
+            "?" if live.age_ms is None else f"{live.age_ms / 1000:.1f}s",
+        )
+        poll_s = min(1.0, max(0.02, self.settings.heartbeat_interval_s / 4))
+        while True:
+            await asyncio.sleep(poll_s)
+            [h] = await worker_states(self.store, [self.worker_id])
+            live = worker_liveness(h, self.clock.now_ms(), stale_ms)
+            if not live.alive:
+                log.info("worker %s: the previous holder of this id is gone", self.worker_id)
+                return
+            if live.beat_ms != seen_ms:
+                found = await self.redis.hmget(keys.worker(self.worker_id), "hostname", "pid")
+                host, pid = cast(list[str | None], found)
+                raise ConfigError(
+                    f"worker id {self.worker_id} is in use by a live worker (host {host or '?'}, "
+                    f"pid {pid or '?'}): give each worker its own DTQ_WORKER_ID, or leave it "
+                    "unset for a generated one"
+                )
 
     async def _drain(self, intake: Sequence[asyncio.Task[None]]) -> None:
         """Stop intake and scheduling, wait for in-flight work up to the drain timeout, then stop
