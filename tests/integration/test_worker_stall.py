@@ -11,11 +11,13 @@ import signal
 import time
 from collections.abc import Callable
 
+import httpx
 import pytest
 from redis.asyncio import Redis
 
 from dtq import Queue, keys
 from dtq.config import Settings
+from dtq.devserver import free_port
 from dtq.models import TERMINAL as TERMINAL_STATUSES
 from dtq.worker.heartbeat import JITTER, stall_after_s
 from support import wait_until
@@ -40,7 +42,8 @@ async def _started(r: Redis, task_id: str, what: str) -> bool:
 async def test_a_stalled_loop_gives_its_tasks_to_a_peer_and_writes_nothing_late(
     spawn: Callable[..., WorkerProcess], settings: Settings, r: Redis, queue: Queue
 ) -> None:
-    a = spawn(A, **ENV)
+    port = free_port()
+    a = spawn(A, **ENV, WORKER_METRICS_PORT=port, WORKER_METRICS_HOST="127.0.0.1")
     await wait_worker_ready(r, A)
     # Besides the blocking handler: one task that ends during the stall (its finish comes late,
     # once the loop runs), one still running after it (its lease is found lost).
@@ -103,6 +106,16 @@ async def test_a_stalled_loop_gives_its_tasks_to_a_peer_and_writes_nothing_late(
         return await r.hget(keys.worker(A), "tasks_processed") == "1"
 
     await wait_until(counted, 5, "A counts the task it finished")
+    # Its metrics count that one execution only: the dropped ones ended on B.
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    ended = [
+        line
+        for line in text.splitlines()
+        if line.startswith(("dtq_worker_tasks_total{", "dtq_task_attempts_total{"))
+    ]
+    assert {line.rsplit(" ", 1)[1] for line in ended} == {"1.0"}, ended
+    assert all('task_type="sp_sleep"' in line and 'result="success"' in line for line in ended)
 
 
 async def _logged(proc: WorkerProcess, text: str) -> bool:
