@@ -76,12 +76,18 @@ async def test_a_restart_after_a_clean_stop_or_a_stale_heartbeat_is_accepted(
 async def test_a_restart_after_a_crash_waits_until_the_old_heartbeat_is_stale(
     spawn: Callable[..., WorkerProcess], r: Redis
 ) -> None:
-    env = {"HEARTBEAT_INTERVAL_S": 1.0, "VISIBILITY_TIMEOUT_S": 5.0}
+    env = {"HEARTBEAT_INTERVAL_S": 2.0, "VISIBILITY_TIMEOUT_S": 10.0}
     a = spawn("worker-crash001", **env)
     await wait_worker_ready(r, "worker-crash001")
     a.signal(signal.SIGKILL)
     a.wait(5)
     beat_ms = int(await r.hget(keys.worker("worker-crash001"), "last_heartbeat_ms") or 0)
+    # One stopped while it waits leaves as it came: exit 0, nothing written.
+    early = spawn("worker-crash001", **env)
+    await wait_until(lambda: _logged(early, WAITING), 10, "the first restart waits")
+    early.signal(signal.SIGTERM)
+    assert early.wait(10) == 0, early.output()
+    assert await r.hget(keys.worker("worker-crash001"), "pid") == str(a.pid)
     b = spawn("worker-crash001", **env)
 
     async def b_ready() -> bool:
@@ -91,7 +97,7 @@ async def test_a_restart_after_a_crash_waits_until_the_old_heartbeat_is_stale(
     await wait_until(b_ready, 20, "the restarted worker serves")
     # It started only once the crashed one's heartbeat was stale, not before.
     started_ms = int(await r.hget(keys.worker("worker-crash001"), "last_heartbeat_ms") or 0)
-    assert started_ms - beat_ms >= stale_after_ms(1.0) - 100
+    assert started_ms - beat_ms >= stale_after_ms(2.0) - 100
     out = b.output()
     assert WAITING in out and "the previous holder of this id is gone" in out, out
 
@@ -119,3 +125,7 @@ async def test_a_supervised_child_restarted_under_its_id_starts_at_once(
     assert sup.process.poll() is None
     sup.signal(signal.SIGTERM)
     assert sup.wait(20) == 0
+
+
+async def _logged(proc: WorkerProcess, text: str) -> bool:
+    return text in proc.output()

@@ -167,8 +167,9 @@ class Worker:
     async def run(self) -> None:
         """Run until :meth:`stop`; returns after the ordered shutdown."""
         try:
-            await self._prepare()
-            await self._check_id_free()
+            if not await self._prepare():  # stopped while it waited for its id to be free
+                await self.redis.aclose()
+                return
             await asyncio.to_thread(self.heartbeat.start, asyncio.get_running_loop())
             self.prepared.set()
         except BaseException:
@@ -237,24 +238,28 @@ class Worker:
 
     # -- start and stop -------------------------------------------------------------------------
 
-    async def _prepare(self) -> None:
+    async def _prepare(self) -> bool:
+        """Connect and set up; False when the worker was stopped before its id was free."""
         await self.redis.ping()
         await self.clock.sync(self.redis)
+        if not await self._check_id_free():  # before anything is written
+            return False
         await self.scripts.load(self.redis)
         for queue in self.queues:
             await self.store.ensure_groups(queue)
         await warn_durability(self.redis, log)
+        return True
 
-    async def _check_id_free(self) -> None:
-        """Return once no live worker has this worker's id; raise ConfigError when one does
-        (see the module docstring)."""
+    async def _check_id_free(self) -> bool:
+        """True once no live worker has this worker's id, False if stopped while it waits for
+        that; raises ConfigError when a live worker has it (see the module docstring)."""
         if self.worker_id in self._adopt:
-            return  # its last holder is a process the supervisor reaped
+            return True  # its last holder is a process the supervisor reaped
         stale_ms = stale_after_ms(self.settings.heartbeat_interval_s)
         [h] = await worker_states(self.store, [self.worker_id])
         live = worker_liveness(h, self.clock.now_ms(), stale_ms)
         if not live.alive:
-            return
+            return True
         seen_ms = live.beat_ms
         log.warning(
             "worker %s: a worker with this id heartbeated %s ago: waiting for its next beat (it "
@@ -265,12 +270,14 @@ class Worker:
         )
         poll_s = min(1.0, max(0.02, self.settings.heartbeat_interval_s / 4))
         while True:
-            await asyncio.sleep(poll_s)
+            await self._sleep(poll_s)
+            if self._stopping.is_set():
+                return False
             [h] = await worker_states(self.store, [self.worker_id])
             live = worker_liveness(h, self.clock.now_ms(), stale_ms)
             if not live.alive:
                 log.info("worker %s: the previous holder of this id is gone", self.worker_id)
-                return
+                return True
             if live.beat_ms != seen_ms:
                 found = await self.redis.hmget(keys.worker(self.worker_id), "hostname", "pid")
                 host, pid = cast(list[str | None], found)
