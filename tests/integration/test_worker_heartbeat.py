@@ -1,13 +1,11 @@
 """Heartbeat and lease renewal (contract section 6, DESIGN 3, 5): the worker hash and its
-lifecycle, the owner-checked touch, long tasks kept past the visibility timeout (even by an
-async handler that blocks the event loop), and the Redis clock for a skewed local clock."""
+lifecycle, the owner-checked touch, long tasks kept past the visibility timeout, and the Redis
+clock for a skewed local clock. A handler that blocks the event loop: test_worker_stall.py."""
 
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,14 +18,11 @@ from dtq.config import Settings
 from dtq_tasks import TaskContext
 from support import running_worker, wait_until
 from support.worker import (
-    WorkerProcess,
     backend,
-    calls,
     fast,
     handlers,
     read_as,
     wait_status,
-    wait_worker_ready,
 )
 
 WORKER_FIELDS = {
@@ -142,32 +137,6 @@ async def test_long_task_keeps_its_lease_past_the_visibility_timeout(
             h = await wait_status(r, task.task_id, "succeeded", timeout_s=10)
     assert runs == [(a.worker_id, 1)]
     assert h["attempt"] == "1"
-
-
-@pytest.mark.slow
-async def test_event_loop_hog_does_not_starve_the_heartbeat(
-    spawn: Callable[..., WorkerProcess], r: Redis, queue: Queue
-) -> None:
-    """An async handler that blocks the loop for 3x the visibility timeout: the heartbeat's own
-    thread and connection keep the lease, so the other worker never takes the task."""
-    env = {"VISIBILITY_TIMEOUT_S": 1.0, "HEARTBEAT_INTERVAL_S": 0.2, "REAPER_INTERVAL_S": 0.1}
-    a = spawn("worker-aaaa0001", **env)
-    await wait_worker_ready(r, "worker-aaaa0001")
-    task = await queue.submit("sp_hog", {"s": 3.0})
-    await wait_until(
-        lambda: _called(r, task.task_id, "start:1:worker-aaaa0001"), 10, "A started it"
-    )
-    b = spawn("worker-bbbb0002", **env)
-    h = await wait_status(r, task.task_id, "succeeded", timeout_s=15)
-    assert h["attempt"] == "1" and h["worker_id"] == "worker-aaaa0001"
-    assert await calls(r, task.task_id) == ["start:1:worker-aaaa0001", "end:1:worker-aaaa0001"]
-    for proc in (a, b):
-        proc.signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
-
-
-async def _called(r: Redis, task_id: str, what: str) -> bool:
-    return what in await calls(r, task_id)
 
 
 async def test_worker_with_skewed_local_clock_uses_the_redis_clock(

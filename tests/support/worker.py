@@ -234,9 +234,12 @@ def sp_block(payload, ctx):
 
 @task("sp_hog")
 async def sp_hog(payload, ctx):
-    """An async handler that blocks the event loop payload["s"] seconds (a bug, on purpose)."""
+    """An async handler that blocks the event loop payload["s"] (or by_attempt) seconds (a bug,
+    on purpose)."""
     _record(ctx, "start")
-    time.sleep(float(payload.get("s", 1)))
+    by_attempt = payload.get("by_attempt")
+    s = by_attempt[min(ctx.attempt, len(by_attempt)) - 1] if by_attempt else payload.get("s", 1)
+    time.sleep(float(s))
     _record(ctx, "end")
     return {"attempt": ctx.attempt}
 

@@ -8,10 +8,18 @@ Every ``DTQ_HEARTBEAT_INTERVAL_S`` (with jitter) the thread:
    ``last_heartbeat_ms``) with a TTL of three intervals, and adds the id to ``dtq:workers``;
 3. measures the offset of the local clock to the Redis clock.
 
-It uses its own synchronous connection, so an async handler that hogs the event loop cannot
-starve the lease: the failure mode of dramatiq#692 and taskiq-redis#101. If it cannot renew for
-most of the visibility timeout while tasks are in flight, it logs that they are at risk of
-redelivery. Redis unavailable: the failure goes to the worker's
+It uses its own synchronous connection, so a busy event loop cannot starve the lease: the
+failure mode of dramatiq#692 and taskiq-redis#101. But a loop that cannot run at all (an async
+handler blocking it in a call that does not return) must not keep its tasks: nothing on it can
+finish, cancel or time them out. The loop stamps its pulse every ``STAMP_S`` (a callback of its
+own); a beat that finds no pulse for :func:`stall_after_s` treats the worker as **stalled**
+(docs/operations.md, "A stalled event loop"): it renews no lease, so peers take the in-flight
+entries over after the visibility timeout through their reapers, and it reports status
+``stalled`` in the worker hash, which it keeps writing (the process is alive and still holds
+its worker id). One WARNING when the stall is found, one INFO with its length when the loop runs
+again; that beat comes at once and reports the entries taken over meanwhile as lost. If it
+cannot renew for most of the visibility timeout while tasks are in flight, it logs that they
+are at risk of redelivery. Redis unavailable: the failure goes to the worker's
 :class:`~dtq.worker.outage.RedisOutage` (shared with the event loop's loops, rate-limited); any
 other Redis error is logged with its trace.
 """
@@ -41,12 +49,21 @@ from dtq.records import stale_after_ms
 from dtq.scripts import Scripts
 from dtq.worker.outage import TRANSIENT, RedisOutage
 
-__all__ = ["Heartbeat"]
+__all__ = ["STAMP_S", "Heartbeat", "stall_after_s"]
 
 log = logging.getLogger(__name__)
 
 JITTER = 0.1
 AT_RISK_FRACTION = 0.8
+STAMP_S = 0.1  # the event loop stamps its pulse this often
+STALL_AFTER_S = 1.0
+
+
+def stall_after_s(settings: Settings) -> float:
+    """How long the event loop may go without running before its worker is stalled: a second,
+    or half the visibility timeout when that is shorter (a stall found later than that would
+    renew leases the loop cannot honour for most of a timeout)."""
+    return min(STALL_AFTER_S, settings.visibility_timeout_s / 2)
 
 
 class Heartbeat:
@@ -88,6 +105,11 @@ class Heartbeat:
         self._last_ok = time.monotonic()
         self._at_risk_logged = False
         self.status = "starting"
+        self._stall_after_s = stall_after_s(settings)
+        # The loop's last pulse (time.monotonic(), written on the loop, read here: one float,
+        # replaced whole) and, while stalled, the pulse the stall began after (this thread's).
+        self._pulse = time.monotonic()
+        self._stalled_since: float | None = None
 
     # -- control (event loop side) --------------------------------------------------------------
 
@@ -103,6 +125,8 @@ class Heartbeat:
         )
         self.clock.sync_blocking(self._redis)
         self._started_ms = self.clock.now_ms()
+        self._pulse = time.monotonic()
+        loop.call_soon_threadsafe(self._stamp)
         self.beat()
         self._thread = threading.Thread(
             target=self._run, name=f"dtq-heartbeat-{self.worker_id}", daemon=True
@@ -143,6 +167,15 @@ class Heartbeat:
         except (RedisError, OSError) as exc:
             log.warning("worker %s: WORKER_STARTED not published: %s", self.worker_id, exc)
 
+    def _stamp(self) -> None:
+        """The loop's pulse (on the loop, every ``STAMP_S``); after a stall it wakes the
+        thread, whose next beat finds the leases lost meanwhile."""
+        self._pulse = time.monotonic()
+        if self._stalled_since is not None:
+            self._wake.set()
+        if not self._stopping.is_set() and self._loop is not None:
+            self._loop.call_later(STAMP_S, self._stamp)
+
     # -- the thread -----------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -157,8 +190,10 @@ class Heartbeat:
     def beat(self) -> None:
         """One heartbeat; failures are logged, never raised (the next beat tries again)."""
         assert self._redis is not None
+        stalled = self._loop_stalled()
         try:
-            self._touch()
+            if not stalled:
+                self._touch()
             self._write_hash()
             self.clock.sync_blocking(self._redis)
         except TRANSIENT as exc:
@@ -172,6 +207,34 @@ class Heartbeat:
         self._outage.ok("heartbeat")
         self._last_ok = time.monotonic()
         self._at_risk_logged = False
+
+    def _loop_stalled(self) -> bool:
+        """Whether the event loop has gone without a pulse for the stall limit; logs a stall's
+        start and end (once each)."""
+        pulse = self._pulse
+        silent_s = time.monotonic() - pulse
+        if silent_s > self._stall_after_s:
+            if self._stalled_since is None:
+                self._stalled_since = pulse
+                log.warning(
+                    "worker %s: event loop stalled: it has not run for %.1fs (a handler blocks "
+                    "it?); the leases of its %d in-flight task(s) are no longer renewed, other "
+                    "workers take them over after the visibility timeout (%.1fs)",
+                    self.worker_id,
+                    silent_s,
+                    len(self._snapshot()),
+                    self.settings.visibility_timeout_s,
+                )
+            return True
+        if self._stalled_since is not None:
+            log.info(
+                "worker %s: event loop runs again after a stall of %.1fs; tasks taken over "
+                "meanwhile are dropped here without a write",
+                self.worker_id,
+                pulse - self._stalled_since,
+            )
+            self._stalled_since = None
+        return False
 
     def _touch(self) -> None:
         owned = self._snapshot()
@@ -211,6 +274,8 @@ class Heartbeat:
         pipe.execute()
 
     def _reported_status(self, stats: dict[str, Any]) -> str:
+        if self._stalled_since is not None and self.status in {"running", "draining"}:
+            return "stalled"
         if self.status == "running":
             return "busy" if int(stats.get("active_tasks", 0)) > 0 else "ready"
         return self.status

@@ -42,8 +42,8 @@ def run_worker(
 
     The flags arrive parsed and checked by ``dtq worker run`` (:mod:`dtq_cli.parser`: queue
     names, ``concurrency`` and ``processes`` at least 1). Exit code: 0 after a clean stop; 1
-    when Redis is unreachable or fails; 2 for a task module that cannot be imported, or no
-    metrics port for each process.
+    when Redis is unreachable or fails; 2 for a task module that cannot be imported, no
+    metrics port for each process, or a worker id a live worker has.
     """
     _configure_logging(settings)
     modules = task_modules if task_modules is not None else settings.task_module_list
@@ -100,6 +100,9 @@ def _run_one(
     telemetry.serve(settings.worker_metrics_host, settings.worker_metrics_port)
     try:
         asyncio.run(_serve(worker, ready_fd))
+    except ConfigError as exc:  # its id is a live worker's (Worker: one worker per id)
+        print(f"dtq worker: {exc.message}", file=sys.stderr)
+        return 2
     except (RedisError, OSError) as exc:
         print(
             f"dtq worker: Redis at {redact_url(settings.redis_url)} failed: {exc}", file=sys.stderr

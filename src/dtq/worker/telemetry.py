@@ -67,6 +67,8 @@ class MetricsObserver(WorkerObserver):
 
     def task_finished(self, event: TaskFinished) -> None:
         queue, task_type, status = event.queue, event.task_type, event.status
+        if status == "fenced":
+            return  # another worker owns the task (a stall, a pause): its attempt is counted there
         execution_ms = event.execution_ms
         self.metrics.attempt_ended(
             queue,

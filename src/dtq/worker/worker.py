@@ -23,6 +23,16 @@ and the scheduler, wait up to ``DTQ_DRAIN_TIMEOUT_S`` for in-flight work, stop w
 *without* acknowledging it (a peer reclaims it), flush finishes, delete its consumers that hold
 no entry (:mod:`dtq.worker.consumers`), heartbeat to the end, then status stopped and
 WORKER_STOPPED.
+
+**One worker per id.** Fencing is by consumer name, the worker id: two live workers with one
+``DTQ_WORKER_ID`` would each renew and finish the other's entries. Before its first heartbeat a
+worker reads the hash of its id (:func:`~dtq.worker.consumers.worker_states`, judged by
+:func:`~dtq.records.worker_liveness`): none, stopped or stale, it starts. A fresh one may be a
+live worker or a crashed one whose last beat is young, so it watches that hash: a new beat
+means a live worker, and it refuses to start (:class:`~dtq.errors.ConfigError`; ``dtq worker
+run`` exits 2); no beat until the hash is stale (at most three heartbeat intervals) means the
+other is dead, and it starts. A supervised child that takes its own id over (the supervisor
+reaped the process that had it, ``adopt``) skips the check (docs/operations.md, "Worker ids").
 """
 
 from __future__ import annotations
@@ -33,17 +43,20 @@ import logging
 import random
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 
+from dtq import keys
 from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.connection import warn_durability
+from dtq.errors import ConfigError
+from dtq.records import stale_after_ms, worker_liveness
 from dtq.scripts import OpHook, Scripts
 from dtq.store import Store
 from dtq.worker.connection import worker_redis
-from dtq.worker.consumers import drop_own
+from dtq.worker.consumers import drop_own, worker_states
 from dtq.worker.execution import Executor
 from dtq.worker.heartbeat import Heartbeat
 from dtq.worker.intake import BLOCK_MS, READ_BATCH, Intake
@@ -154,7 +167,9 @@ class Worker:
     async def run(self) -> None:
         """Run until :meth:`stop`; returns after the ordered shutdown."""
         try:
-            await self._prepare()
+            if not await self._prepare():  # stopped while it waited for its id to be free
+                await self.redis.aclose()
+                return
             await asyncio.to_thread(self.heartbeat.start, asyncio.get_running_loop())
             self.prepared.set()
         except BaseException:
@@ -223,13 +238,54 @@ class Worker:
 
     # -- start and stop -------------------------------------------------------------------------
 
-    async def _prepare(self) -> None:
+    async def _prepare(self) -> bool:
+        """Connect and set up; False when the worker was stopped before its id was free."""
         await self.redis.ping()
         await self.clock.sync(self.redis)
+        if not await self._check_id_free():  # before anything is written
+            return False
         await self.scripts.load(self.redis)
         for queue in self.queues:
             await self.store.ensure_groups(queue)
         await warn_durability(self.redis, log)
+        return True
+
+    async def _check_id_free(self) -> bool:
+        """True once no live worker has this worker's id, False if stopped while it waits for
+        that; raises ConfigError when a live worker has it (see the module docstring)."""
+        if self.worker_id in self._adopt:
+            return True  # its last holder is a process the supervisor reaped
+        stale_ms = stale_after_ms(self.settings.heartbeat_interval_s)
+        [h] = await worker_states(self.store, [self.worker_id])
+        live = worker_liveness(h, self.clock.now_ms(), stale_ms)
+        if not live.alive:
+            return True
+        seen_ms = live.beat_ms
+        log.warning(
+            "worker %s: a worker with this id heartbeated %s ago: waiting for its next beat (it "
+            "runs: this one does not start) or for its hash to go stale (it died: this one "
+            "starts)",
+            self.worker_id,
+            "?" if live.age_ms is None else f"{live.age_ms / 1000:.1f}s",
+        )
+        poll_s = min(1.0, max(0.02, self.settings.heartbeat_interval_s / 4))
+        while True:
+            await self._sleep(poll_s)
+            if self._stopping.is_set():
+                return False
+            [h] = await worker_states(self.store, [self.worker_id])
+            live = worker_liveness(h, self.clock.now_ms(), stale_ms)
+            if not live.alive:
+                log.info("worker %s: the previous holder of this id is gone", self.worker_id)
+                return True
+            if live.beat_ms != seen_ms:
+                found = await self.redis.hmget(keys.worker(self.worker_id), "hostname", "pid")
+                host, pid = cast(list[str | None], found)
+                raise ConfigError(
+                    f"worker id {self.worker_id} is in use by a live worker (host {host or '?'}, "
+                    f"pid {pid or '?'}): give each worker its own DTQ_WORKER_ID, or leave it "
+                    "unset for a generated one"
+                )
 
     async def _drain(self, intake: Sequence[asyncio.Task[None]]) -> None:
         """Stop intake and scheduling, wait for in-flight work up to the drain timeout, then stop
