@@ -56,6 +56,7 @@ __all__ = [
     "StartReply",
     "SubmitReply",
     "Where",
+    "adopt",
     "cancel",
     "claim_due",
     "dlq_discard",
@@ -565,6 +566,22 @@ def touch_blocking(
         client.script_load(scripts.source["touch"])
         lost = client.evalsha(sha, len(key_list), *key_list, *argv)
     return [owned[int(i) - 1][1] for i in lost]
+
+
+# -- adopt.lua ----------------------------------------------------------------------------------
+
+
+async def adopt(
+    db: Backend, stream: str, worker_id: str, dead: str, count: int
+) -> tuple[list[tuple[str, dict[str, str]]], int]:
+    """adopt.lua: claim for ``worker_id`` at most ``count`` entries of ``stream`` that are
+    pending for the consumer ``dead``, checking the owner in the same script; returns the
+    claimed (entry id, fields) and how many pending ids had no entry left (deleted while
+    pending)."""
+    items, gone = await db.scripts.call(
+        db.redis, "adopt", [stream], [keys.CONSUMER_GROUP, worker_id, dead, count]
+    )
+    return [(str(eid), _flat_fields(f)) for eid, f in items], int(gone)
 
 
 # -- claim_due.lua ------------------------------------------------------------------------------

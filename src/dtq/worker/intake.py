@@ -13,8 +13,9 @@
   scripts); with fewer slots than streams it blocks in ``XREAD BLOCK 500``, which consumes
   nothing, and reads with ``read.lua`` when woken.
 - **adopt**: once, at the start of a worker that replaces a ``--processes`` child that exited,
-  the dead child's pending entries are claimed (``XPENDING`` for that consumer, ``XCLAIM``)
-  and started at once, within free slots: its supervisor reaped it, so nothing can still be
+  the dead child's pending entries are claimed (``adopt.lua``: ``XPENDING`` for that
+  consumer and ``XCLAIM`` in one script, so a peer that took one meanwhile keeps it) and
+  started at once, within free slots: its supervisor reaped it, so nothing can still be
   running them, and they need not wait out the visibility timeout.
 - **reaper**: every ``DTQ_REAPER_INTERVAL_S``, one pipeline of ``XPENDING ... IDLE`` finds the
   entries idle past the visibility timeout (a dead or stalled worker's), then ``XAUTOCLAIM``
@@ -226,35 +227,25 @@ class Intake:
         """Claim and start the entries pending for ``consumers``, worker ids known to be dead
         (a ``--processes`` child its supervisor saw exit and reaped, which this worker replaces),
         at once instead of after the visibility timeout: nothing can still be running them.
-        Each is a crash redelivery for start.lua (attempt + 1). Only free slots are used; what
-        does not fit is left to the reaper. Returns how many were started."""
-        pairs = [(stream, consumer) for stream in self.active_streams() for consumer in consumers]
-        pipe = self.redis.pipeline(transaction=False)
-        for stream, consumer in pairs:
-            pipe.xpending_range(
-                stream, keys.CONSUMER_GROUP, "-", "+", READ_BATCH, consumername=consumer
-            )
+        Each claim is adopt.lua, which claims an entry only while XPENDING still names the dead
+        consumer as its owner (a peer's reaper may have taken it meanwhile: it stays the
+        peer's). Each is a crash redelivery for start.lua (attempt + 1). Only free slots are
+        used; what does not fit is left to the reaper. Returns how many were started."""
         started = 0
-        for (stream, consumer), rows in zip(
-            pairs, await pipe.execute(raise_on_error=False), strict=True
-        ):
-            if isinstance(rows, ResponseError):
-                if "NOGROUP" not in str(rows):
-                    raise rows
-                continue  # no group: nothing was delivered from this stream
-            n = self.execution.take(len(rows))
-            if n == 0:
-                continue
-            ids: list[str | bytes | int | memoryview[int]] = [
-                str(row["message_id"]) for row in rows[:n]
-            ]
-            try:
-                items = await self.redis.xclaim(stream, keys.CONSUMER_GROUP, self.worker_id, 0, ids)
-            except BaseException:
-                self.execution.give_back(n)
-                raise
-            what = f"taking over {{}} of {consumer} (its process exited)"
-            started += (await self._start_claimed(stream, items, n, what))[0]
+        for stream in self.active_streams():
+            for consumer in consumers:
+                n = self.execution.take(READ_BATCH)
+                if n == 0:
+                    return started
+                try:
+                    items, gone = await calls.adopt(self.store, stream, self.worker_id, consumer, n)
+                except BaseException:
+                    self.execution.give_back(n)
+                    raise
+                what = f"taking over {{}} of {consumer} (its process exited)"
+                started += (await self._start_claimed(stream, items, n, what))[0]
+                if gone:
+                    await self._resolve_deleted(stream)
         return started
 
     async def _start_claimed(

@@ -1,0 +1,102 @@
+"""A reply lost on the wire changes nothing a user sees (DESIGN 3; docs/delivery-guarantees.md):
+the worker's connection is killed right after Redis ran its scripts (``support.wire``), with
+``max_attempts=1``, so an attempt counted for nothing would dead-letter the task. And the
+take-over of a dead process's entries never takes one a peer claimed meanwhile."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from dtq import Queue, keys
+from dtq.config import Settings
+from dtq.connection import no_retry
+from dtq.scripts import Scripts
+from dtq.worker import Worker
+from dtq.worker.observer import TaskFinished, WorkerObserver
+from dtq_tasks import TaskContext
+from support import started
+from support.wire import LosingConnection, losing_client, reset
+from support.worker import fast, handlers, read_as, start_as, wait_status
+
+SHA = Scripts().sha
+
+
+class Finished(WorkerObserver):
+    def __init__(self) -> None:
+        self.statuses: list[str] = []
+
+    def task_finished(self, event: TaskFinished) -> None:
+        self.statuses.append(event.status)
+
+
+@pytest.fixture
+async def wire(r: Redis) -> AsyncIterator[type[LosingConnection]]:
+    reset(killer=r)
+    yield LosingConnection
+    reset()
+
+
+def worker_on_the_wire(settings: Settings, ran: list[tuple[str, int]], **kw: Any) -> Worker:
+    """A worker whose client is a :class:`LosingConnection` one; its handler ``rec`` records
+    (task id, attempt) of every run."""
+
+    async def rec(payload: Any, ctx: TaskContext) -> Any:
+        ran.append((ctx.task_id, ctx.attempt))
+        return payload
+
+    client = losing_client(settings.redis_url, no_retry(), socket_timeout=10)
+    return Worker(settings, handlers=handlers(rec=rec), redis=client, **kw)
+
+
+async def run_once_each(r: Redis, ids: list[str], ran: list[tuple[str, int]]) -> None:
+    """Each task SUCCEEDED at attempt 1, its handler ran once, nothing in the DLQ."""
+    for task_id in ids:
+        h = await wait_status(r, task_id, "succeeded", "dead_lettered", "failed", timeout_s=15)
+        assert (h["status"], h["attempt"]) == ("succeeded", "1"), h
+    assert sorted(ran) == sorted((t, 1) for t in ids)
+    assert await r.xlen(keys.DEAD_LETTER) == 0
+
+
+async def test_adopt_never_takes_an_entry_a_peer_claimed_meanwhile(
+    settings: Settings, r: Redis, queue: Queue, wire: type[LosingConnection]
+) -> None:
+    """A dead process's entry, idle past the visibility timeout: right after the worker that
+    replaces the process first hears back from Redis about the dead consumer, a peer's reaper
+    claims the entry and starts it. The entry stays the peer's, and runs nowhere else."""
+    s = fast(settings, visibility_timeout_s=30)
+    task = await queue.submit("rec", {"i": 1}, max_attempts=3)
+    entry = await read_as(r, "worker-dead0001")
+    await r.xclaim(
+        entry.stream,
+        keys.CONSUMER_GROUP,
+        "worker-dead0001",
+        0,
+        [entry.entry_id],
+        idle=60_000,
+        justid=True,
+    )
+    peer: list[str] = []
+
+    async def peer_reaper() -> None:
+        _, claimed, *_ = await r.xautoclaim(
+            entry.stream, keys.CONSUMER_GROUP, "worker-peer0002", 30_000, "0-0"
+        )
+        for entry_id, _fields in claimed:
+            peer.append(entry_id)
+            assert (await start_as(r, entry, "worker-peer0002", s)).kind == "run"
+
+    wire.hook, wire.hook_on = peer_reaper, b"worker-dead0001"
+    ran: list[tuple[str, int]] = []
+    worker = worker_on_the_wire(s, ran, adopt=["worker-dead0001"], worker_id="worker-new00003")
+    async with started(worker):
+        assert peer == [entry.entry_id]  # the peer's reaper took it, as arranged
+        [row] = await r.xpending_range(entry.stream, keys.CONSUMER_GROUP, "-", "+", 10)
+        assert row["consumer"] == "worker-peer0002"
+        h = await r.hgetall(keys.task(task.task_id))
+        assert (h["status"], h["attempt"], h["worker_id"]) == ("running", "1", "worker-peer0002")
+        assert entry.entry_id not in worker.inflight
+    assert ran == []
