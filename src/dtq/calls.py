@@ -403,12 +403,19 @@ class StartReply:
 
 
 async def start_many(
-    db: Backend, entries: Sequence[Entry], worker_id: str
+    db: Backend,
+    entries: Sequence[Entry],
+    worker_id: str,
+    token: str = "",
+    resume: Mapping[str, str] | None = None,
 ) -> list[StartReply | Exception]:
     """start.lua for every entry of a read batch, in one round trip; the reply or the error of
-    each, in order. A lost connection is raised."""
+    each, in order. A lost connection is raised. ``token``: this batch's start token (kept in
+    the hash of each task it runs); ``resume``: entry id -> the token of an earlier start of
+    that entry whose reply was lost, sent again as a resume (see the script's header)."""
     s = db.settings
     dlq = _flag(s.dlq_enabled)
+    again = resume or {}
     calls: list[Call] = [
         (
             "start",
@@ -433,6 +440,8 @@ async def start_many(
                 new_id(),
                 dlq,
                 s.dlq_maxlen,
+                again.get(e.entry_id, token),
+                "1" if e.entry_id in again else "0",
             ],
         )
         for e in entries

@@ -61,6 +61,28 @@ async def run_once_each(r: Redis, ids: list[str], ran: list[tuple[str, int]]) ->
     assert await r.xlen(keys.DEAD_LETTER) == 0
 
 
+async def test_a_lost_start_reply_resumes_its_tasks_without_an_attempt(
+    settings: Settings, r: Redis, queue: Queue, wire: type[LosingConnection]
+) -> None:
+    ids = [(await queue.submit("rec", {"i": i}, max_attempts=1)).task_id for i in range(3)]
+    wire.lose_next_script_reply, wire.lose_only = True, SHA["start"].encode()
+    ran: list[tuple[str, int]] = []
+    async with started(worker_on_the_wire(fast(settings), ran)):
+        await run_once_each(r, ids, ran)
+    assert not wire.lose_next_script_reply  # the start batch's reply was lost, as arranged
+
+
+async def test_a_lost_read_reply_leaves_its_tasks_at_attempt_1(
+    settings: Settings, r: Redis, queue: Queue, wire: type[LosingConnection]
+) -> None:
+    ids = [(await queue.submit("rec", {"i": i}, max_attempts=1)).task_id for i in range(3)]
+    wire.lose_next_script_reply, wire.lose_only = True, SHA["read"].encode()
+    ran: list[tuple[str, int]] = []
+    async with started(worker_on_the_wire(fast(settings), ran)):
+        await run_once_each(r, ids, ran)
+    assert not wire.lose_next_script_reply
+
+
 async def test_adopt_never_takes_an_entry_a_peer_claimed_meanwhile(
     settings: Settings, r: Redis, queue: Queue, wire: type[LosingConnection]
 ) -> None:

@@ -92,6 +92,8 @@ class Intake:
     async def poll(self) -> None:
         """Read, start, repeat; wait when there is nothing to read; return once stopping."""
         while not self._stopping.is_set():
+            if self.execution.lost:
+                await self._resume_lost()
             n = await self.execution.reserve(READ_BATCH, self._stopping)
             if n == 0:
                 return
@@ -124,6 +126,23 @@ class Intake:
                     await self.redis.xread(watch, count=1, block=BLOCK_MS)
                 finally:
                     self._blocking = False
+
+    async def _resume_lost(self) -> None:
+        """Start again, as resumes, the entries whose start reply a lost connection took
+        (:meth:`Executor.start <dtq.worker.execution.Executor.start>`), ahead of fresh reads:
+        they are this worker's, and nothing renews them until they run."""
+        while self.execution.lost and not self._stopping.is_set():
+            n = await self.execution.reserve(READ_BATCH, self._stopping, urgent=True)
+            if n == 0:
+                return
+            entries = self.execution.lost_entries(n)
+            log.warning(
+                "worker %s: resuming %d entr%s whose start reply was lost",
+                self.worker_id,
+                len(entries),
+                "y" if len(entries) == 1 else "ies",
+            )
+            await asyncio.shield(self.execution.start(entries, n))
 
     async def _read_blocking(self, since: dict[str, str], n: int) -> ReadReply:
         """``XREADGROUP BLOCK`` on the streams that a read just found empty, holding ``n``
