@@ -5,6 +5,7 @@ take-over of a dead process's entries never takes one a peer claimed meanwhile."
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +19,7 @@ from dtq.scripts import Scripts
 from dtq.worker import Worker
 from dtq.worker.observer import TaskFinished, WorkerObserver
 from dtq_tasks import TaskContext
-from support import started
+from support import started, wait_until
 from support.wire import LosingConnection, losing_client, reset
 from support.worker import fast, handlers, read_as, start_as, wait_status
 
@@ -70,6 +71,30 @@ async def test_a_lost_start_reply_resumes_its_tasks_without_an_attempt(
     async with started(worker_on_the_wire(fast(settings), ran)):
         await run_once_each(r, ids, ran)
     assert not wire.lose_next_script_reply  # the start batch's reply was lost, as arranged
+
+
+async def test_a_lost_finish_reply_is_told_as_what_it_recorded(
+    settings: Settings, r: Redis, queue: Queue, wire: type[LosingConnection]
+) -> None:
+    task = await queue.submit("rec", {"i": 1}, max_attempts=1)
+    wire.lose_next_script_reply, wire.lose_only = True, SHA["finish"].encode()
+    ran: list[tuple[str, int]] = []
+    seen = Finished()
+    worker = worker_on_the_wire(fast(settings), ran, observers=[seen])
+    async with started(worker):
+        await run_once_each(r, [task.task_id], ran)
+
+        async def told() -> bool:
+            return bool(seen.statuses)
+
+        await wait_until(told, 10, "the finish told")
+    assert not wire.lose_next_script_reply
+    # Sent again, the finish found its entry acknowledged and wrote nothing; the worker tells
+    # what the first one recorded.
+    assert seen.statuses == ["succeeded"]
+    assert worker.execution.finisher.tasks_processed == 1
+    history = [json.loads(e) for e in await r.lrange(keys.history(task.task_id), 0, -1)]
+    assert [e["to"] for e in history] == ["queued", "running", "succeeded"]
 
 
 async def test_a_lost_read_reply_leaves_its_tasks_at_attempt_1(
