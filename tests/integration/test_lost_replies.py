@@ -13,6 +13,7 @@ import pytest
 from redis.asyncio import Redis
 
 from dtq import Queue, keys
+from dtq.calls import StartReply, start_many
 from dtq.config import Settings
 from dtq.connection import no_retry
 from dtq.scripts import Scripts
@@ -21,7 +22,7 @@ from dtq.worker.observer import TaskFinished, WorkerObserver
 from dtq_tasks import TaskContext
 from support import started, wait_until
 from support.wire import LosingConnection, losing_client, reset
-from support.worker import fast, handlers, read_as, start_as, wait_status
+from support.worker import backend, fast, handlers, read_as, start_as, wait_status
 
 SHA = Scripts().sha
 
@@ -147,3 +148,24 @@ async def test_adopt_never_takes_an_entry_a_peer_claimed_meanwhile(
         assert (h["status"], h["attempt"], h["worker_id"]) == ("running", "1", "worker-peer0002")
         assert entry.entry_id not in worker.inflight
     assert ran == []
+
+
+async def test_a_resume_counts_the_attempt_unless_its_own_start_ran(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    """start.lua's resume runs a task at the attempt already set only when the hash carries
+    the token of the start being resumed; a resume of a start that never ran, on a task this
+    worker ran before under that entry, is a crash redelivery like any start."""
+    task = await queue.submit("rec", {}, max_attempts=3)
+    entry = await read_as(r, "worker-a0000001")
+    db = backend(r, settings)
+    [first] = await start_many(db, [entry], "worker-a0000001", "t1")
+    assert isinstance(first, StartReply) and first.attempt == 1
+    before = await r.llen(keys.history(task.task_id))
+    [again] = await start_many(db, [entry], "worker-a0000001", "t2", {entry.entry_id: "t1"})
+    assert isinstance(again, StartReply) and (again.kind, again.attempt) == ("run", 1)
+    assert await r.llen(keys.history(task.task_id)) == before  # nothing written
+    [other] = await start_many(db, [entry], "worker-a0000001", "t3", {entry.entry_id: "t9"})
+    assert isinstance(other, StartReply) and (other.kind, other.attempt) == ("run", 2)
+    # the call resumed is the lost start, sent again: its token is the one kept now
+    assert await r.hget(keys.task(task.task_id), "start_token") == "t9"
