@@ -98,13 +98,16 @@ async def test_a_lost_finish_reply_is_told_as_what_it_recorded(
     assert [e["to"] for e in history] == ["queued", "running", "succeeded"]
 
 
-async def test_a_lost_read_reply_leaves_its_tasks_at_attempt_1(
+async def test_a_lost_read_reply_starts_its_tasks_at_once_at_attempt_1(
     settings: Settings, r: Redis, queue: Queue, wire: type[LosingConnection]
 ) -> None:
+    """The read delivered the entries to this worker and its reply was lost: once Redis
+    answers again, the worker starts what is pending for it and unknown to it, well before the
+    visibility timeout would let a reaper take the entries."""
     ids = [(await queue.submit("rec", {"i": i}, max_attempts=1)).task_id for i in range(3)]
     wire.lose_next_script_reply, wire.lose_only = True, SHA["read"].encode()
     ran: list[tuple[str, int]] = []
-    async with started(worker_on_the_wire(fast(settings), ran)):
+    async with started(worker_on_the_wire(fast(settings, visibility_timeout_s=60), ran)):
         await run_once_each(r, ids, ran)
     assert not wire.lose_next_script_reply
 

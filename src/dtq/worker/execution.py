@@ -137,7 +137,7 @@ class Executor:
         self.inflight: dict[str, Execution] = {}
         # entry id -> (entry, start token) of a start whose reply was lost (see start())
         self.lost: dict[str, tuple[Entry, str]] = {}
-        self._resuming: set[str] = set()
+        self._starting: set[str] = set()  # entry ids whose start script is on its way
         self.executions: set[asyncio.Task[None]] = set()
 
     # -- slots ----------------------------------------------------------------------------------
@@ -177,23 +177,23 @@ class Executor:
         it at the attempt that start set when it ran, instead of counting a crash redelivery."""
         todo = []
         resume: dict[str, str] = {}
+        starting = self._starting
         for entry in entries:
             entry_id = entry.entry_id
-            if entry_id in self.inflight or entry_id in self._resuming:
+            if entry_id in self.inflight or entry_id in starting:
                 if self.lost:
                     self.lost.pop(entry_id, None)
-                continue  # reclaimed from ourselves: running, or being resumed
+                continue  # reclaimed from ourselves: running, or being started by another path
             if self.lost:
                 was = self.lost.pop(entry_id, None)
                 if was is not None:
                     resume[entry_id] = was[1]
+            starting.add(entry_id)
             todo.append(entry)
         self._capacity.release(slots - len(todo))
         if not todo:
             return
         token = os.urandom(8).hex()
-        if resume:
-            self._resuming.update(resume)
         try:
             replies = await calls.start_many(self.store, todo, self.worker_id, token, resume)
         except TRANSIENT:
@@ -205,8 +205,8 @@ class Executor:
             self._capacity.release(len(todo))  # entries stay pending: the reaper redelivers them
             raise
         finally:
-            if resume:
-                self._resuming.difference_update(resume)
+            for entry in todo:
+                starting.discard(entry.entry_id)
         for entry, start in zip(todo, replies, strict=True):
             if isinstance(start, Exception):
                 log.error(
@@ -219,6 +219,10 @@ class Executor:
                 self.finisher.skipped(entry, start)
                 continue
             self._launch(entry, start)
+
+    def holds(self, entry_id: str) -> bool:
+        """``entry_id`` is in flight, being started, or a start of it lost its reply."""
+        return entry_id in self.inflight or entry_id in self._starting or entry_id in self.lost
 
     def lost_entries(self, most: int) -> list[Entry]:
         """Up to ``most`` entries whose start reply was lost (see :meth:`start`)."""

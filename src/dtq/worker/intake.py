@@ -49,6 +49,7 @@ from dtq.calls import Entry, ReadPlan, ReadReply, parse_read
 from dtq.config import Settings
 from dtq.store import Store
 from dtq.worker.execution import Executor, wait_first
+from dtq.worker.outage import TRANSIENT
 
 __all__ = ["BLOCK_MS", "PAUSE_REFRESH_S", "READ_BATCH", "Intake"]
 
@@ -82,6 +83,7 @@ class Intake:
         self._paused: frozenset[str] = frozenset()
         self._blocking = False  # a poll loop is in XREAD BLOCK
         self._found = asyncio.Event()  # a read returned entries: a waiting loop reads too
+        self._unknown_pending = False  # a read's reply may have been lost (see poll)
 
     def active_streams(self) -> list[str]:
         """Streams of the queues not paused (as of the last read), p9 first across queues."""
@@ -92,6 +94,8 @@ class Intake:
     async def poll(self) -> None:
         """Read, start, repeat; wait when there is nothing to read; return once stopping."""
         while not self._stopping.is_set():
+            if self._unknown_pending:
+                await self._start_unknown_pending()
             if self.execution.lost:
                 await self._resume_lost()
             n = await self.execution.reserve(READ_BATCH, self._stopping)
@@ -101,8 +105,10 @@ class Intake:
                 got = await self.read(n)
                 if got.since and not self._blocking and n >= len(got.since):
                     got = await self._read_blocking(got.since, n)
-            except BaseException:
+            except BaseException as exc:
                 self.execution.give_back(n)
+                if isinstance(exc, TRANSIENT):
+                    self._unknown_pending = True  # the read may have delivered entries
                 raise
             if got.entries:
                 self._found.set()
@@ -126,6 +132,64 @@ class Intake:
                     await self.redis.xread(watch, count=1, block=BLOCK_MS)
                 finally:
                     self._blocking = False
+
+    async def _start_unknown_pending(self) -> None:
+        """After a read whose reply a lost connection may have taken: what it delivered is
+        pending for this worker, which does not know it. Start every entry pending for this
+        worker that it does not hold (:meth:`Executor.holds
+        <dtq.worker.execution.Executor.holds>`), ahead of fresh reads. Each start is fenced by
+        start.lua; one that another path starts meanwhile is started once (the executor skips
+        an entry being started)."""
+        self._unknown_pending = False
+        try:
+            await self._find_and_start_unknown()
+        except BaseException:
+            self._unknown_pending = True
+            raise
+
+    async def _find_and_start_unknown(self) -> None:
+        page = self.execution.slots + READ_BATCH
+        streams = self._plan.streams
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xpending_range(
+                stream, keys.CONSUMER_GROUP, "-", "+", page, consumername=self.worker_id
+            )
+        unknown: list[tuple[str, str]] = []
+        for stream, rows in zip(streams, await pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(rows, ResponseError):
+                continue  # no group: nothing was delivered from this stream
+            unknown += [
+                (stream, str(row["message_id"]))
+                for row in rows
+                if not self.execution.holds(str(row["message_id"]))
+            ]
+        if not unknown:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for stream, entry_id in unknown:
+            pipe.xrange(stream, entry_id, entry_id)
+        found: list[Entry] = []
+        for (stream, entry_id), got in zip(unknown, await pipe.execute(), strict=True):
+            entry = Entry.parse(stream, entry_id, got[0][1]) if got else None
+            if entry is not None:  # else deleted, or no task fields: the reaper's
+                found.append(entry)
+        if not found:
+            return
+        log.warning(
+            "worker %s: starting %d entr%s delivered to it by a read whose reply was lost",
+            self.worker_id,
+            len(found),
+            "y" if len(found) == 1 else "ies",
+        )
+        while found and not self._stopping.is_set():
+            n = await self.execution.reserve(
+                min(len(found), READ_BATCH), self._stopping, urgent=True
+            )
+            if n == 0:
+                return
+            await asyncio.shield(self.execution.start(found[:n], n))
+            del found[:n]
 
     async def _resume_lost(self) -> None:
         """Start again, as resumes, the entries whose start reply a lost connection took
