@@ -27,6 +27,12 @@
   deleted while pending and keeps it pending: this consumer's pending ids that are gone from
   the stream are acknowledged and logged. Ids that Redis 7 reports deleted are logged.
 
+A read whose reply a lost connection may have taken has delivered entries this worker does
+not know: once Redis answers, the poll loop starts every entry pending for this worker that it
+does not hold, and the entries of a start batch whose reply was lost are started again as
+resumes (:meth:`Executor.start <dtq.worker.execution.Executor.start>`;
+docs/delivery-guarantees.md, "Replies lost on the wire").
+
 Every read holds slots reserved from the executor first (:mod:`dtq.worker.execution`, which
 keeps the worker's capacity), and what it returns goes to :meth:`Executor.start
 <dtq.worker.execution.Executor.start>` with those slots (one pipeline of start scripts per
