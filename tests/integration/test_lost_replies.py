@@ -67,7 +67,7 @@ async def test_a_lost_start_reply_resumes_its_tasks_without_an_attempt(
     settings: Settings, r: Redis, queue: Queue, wire: type[LosingConnection]
 ) -> None:
     ids = [(await queue.submit("rec", {"i": i}, max_attempts=1)).task_id for i in range(3)]
-    wire.lose_next_script_reply, wire.lose_only = True, SHA["start"].encode()
+    wire.lose_next_script_reply, wire.lose_only = True, (SHA["start"].encode(),)
     ran: list[tuple[str, int]] = []
     async with started(worker_on_the_wire(fast(settings), ran)):
         await run_once_each(r, ids, ran)
@@ -78,7 +78,7 @@ async def test_a_lost_finish_reply_is_told_as_what_it_recorded(
     settings: Settings, r: Redis, queue: Queue, wire: type[LosingConnection]
 ) -> None:
     task = await queue.submit("rec", {"i": 1}, max_attempts=1)
-    wire.lose_next_script_reply, wire.lose_only = True, SHA["finish"].encode()
+    wire.lose_next_script_reply, wire.lose_only = True, (SHA["finish"].encode(),)
     ran: list[tuple[str, int]] = []
     seen = Finished()
     worker = worker_on_the_wire(fast(settings), ran, observers=[seen])
@@ -105,7 +105,7 @@ async def test_a_lost_read_reply_starts_its_tasks_at_once_at_attempt_1(
     answers again, the worker starts what is pending for it and unknown to it, well before the
     visibility timeout would let a reaper take the entries."""
     ids = [(await queue.submit("rec", {"i": i}, max_attempts=1)).task_id for i in range(3)]
-    wire.lose_next_script_reply, wire.lose_only = True, SHA["read"].encode()
+    wire.lose_next_script_reply, wire.lose_only = True, (SHA["read"].encode(),)
     ran: list[tuple[str, int]] = []
     async with started(worker_on_the_wire(fast(settings, visibility_timeout_s=60), ran)):
         await run_once_each(r, ids, ran)
@@ -172,3 +172,19 @@ async def test_a_resume_counts_the_attempt_unless_its_own_start_ran(
     assert isinstance(other, StartReply) and (other.kind, other.attempt) == ("run", 2)
     # the call resumed is the lost start, sent again: its token is the one kept now
     assert await r.hget(keys.task(task.task_id), "start_token") == "t9"
+
+
+async def test_a_lost_adopt_reply_starts_the_claimed_entries_at_once(
+    settings: Settings, r: Redis, queue: Queue, wire: type[LosingConnection]
+) -> None:
+    """adopt.lua claimed a dead process's entry for the worker and its reply was lost: the
+    entry is started once Redis answers, not after the visibility timeout."""
+    task = await queue.submit("rec", {}, max_attempts=1)
+    entry = await read_as(r, "worker-dead0001")
+    wire.lose_next_script_reply = True
+    wire.lose_only = (SHA["adopt"].encode(), entry.stream.encode())  # the call that claims it
+    ran: list[tuple[str, int]] = []
+    s = fast(settings, visibility_timeout_s=60)
+    async with started(worker_on_the_wire(s, ran, adopt=["worker-dead0001"])):
+        await run_once_each(r, [task.task_id], ran)
+    assert not wire.lose_next_script_reply

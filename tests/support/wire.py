@@ -24,13 +24,14 @@ _EVALSHA = re.compile(rb"\*\d+\r\n\$7\r\nEVALSHA\r\n")  # the head of one EVALSH
 
 class LosingConnection(Connection):
     """Loses the last reply of the next write of script calls, once (``lose_next_script_reply``;
-    with ``lose_only``, only a write that contains those bytes, e.g. one script's SHA): Redis
+    with ``lose_only``, only a write that contains all of those bytes, e.g. one script's SHA
+    and a key): Redis
     ran every script of it and answered, then the connection is killed and that reply never
     arrives. With ``hook``, awaits it once, right after the first reply to a write that contains
     ``hook_on`` was read."""
 
     lose_next_script_reply = False
-    lose_only = b""
+    lose_only: tuple[bytes, ...] = ()
     killer: Redis | None = None
     hook: Callable[[], Awaitable[None]] | None = None
     hook_on = b""
@@ -40,7 +41,7 @@ class LosingConnection(Connection):
         data = b"".join(c for c in chunks if isinstance(c, bytes | bytearray))
         cls = type(self)
         self._replies_due = 0
-        if cls.lose_next_script_reply and (not cls.lose_only or cls.lose_only in data):
+        if cls.lose_next_script_reply and all(b in data for b in cls.lose_only):
             self._replies_due = len(_EVALSHA.findall(data))
         self._hook_due = cls.hook is not None and cls.hook_on in data
         await super().send_packed_command(chunks, check_health)
@@ -72,7 +73,7 @@ class LosingConnection(Connection):
 def reset(killer: Redis | None = None) -> None:
     """Every switch off; ``killer``: the client that kills a connection whose reply is lost."""
     LosingConnection.lose_next_script_reply = False
-    LosingConnection.lose_only = b""
+    LosingConnection.lose_only = ()
     LosingConnection.killer = killer
     LosingConnection.hook = None
     LosingConnection.hook_on = b""

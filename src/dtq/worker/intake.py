@@ -27,10 +27,10 @@
   deleted while pending and keeps it pending: this consumer's pending ids that are gone from
   the stream are acknowledged and logged. Ids that Redis 7 reports deleted are logged.
 
-A read whose reply a lost connection may have taken has delivered entries this worker does
-not know: once Redis answers, the poll loop starts every entry pending for this worker that it
-does not hold, and the entries of a start batch whose reply was lost are started again as
-resumes (:meth:`Executor.start <dtq.worker.execution.Executor.start>`;
+A read or claim whose reply a lost connection may have taken has delivered entries this
+worker does not know: once Redis answers, the poll loop starts every entry pending for this
+worker that it does not hold, and the entries of a start batch whose reply was lost are
+started again as resumes (:meth:`Executor.start <dtq.worker.execution.Executor.start>`;
 docs/delivery-guarantees.md, "Replies lost on the wire").
 
 Every read holds slots reserved from the executor first (:mod:`dtq.worker.execution`, which
@@ -140,9 +140,9 @@ class Intake:
                     self._blocking = False
 
     async def _start_unknown_pending(self) -> None:
-        """After a read whose reply a lost connection may have taken: what it delivered is
-        pending for this worker, which does not know it. Start every entry pending for this
-        worker that it does not hold (:meth:`Executor.holds
+        """After a read or claim whose reply a lost connection may have taken: what it
+        delivered is pending for this worker, which does not know it. Start every entry
+        pending for this worker that it does not hold (:meth:`Executor.holds
         <dtq.worker.execution.Executor.holds>`), ahead of fresh reads. Each start is fenced by
         start.lua; one that another path starts meanwhile is started once (the executor skips
         an entry being started)."""
@@ -291,8 +291,10 @@ class Intake:
                         raise
                     await self.store.ensure_groups(keys.stream_queue(stream)[0])
                     break
-                except BaseException:
+                except BaseException as exc:
                     self.execution.give_back(n)
+                    if isinstance(exc, TRANSIENT):
+                        self._unknown_pending = True  # the claim may have run
                     raise
                 cursor = str(reply[0])
                 deleted = reply[2] if len(reply) > 2 else []
@@ -328,8 +330,10 @@ class Intake:
                     return started
                 try:
                     items, gone = await calls.adopt(self.store, stream, self.worker_id, consumer, n)
-                except BaseException:
+                except BaseException as exc:
                     self.execution.give_back(n)
+                    if isinstance(exc, TRANSIENT):
+                        self._unknown_pending = True  # the claim may have run
                     raise
                 what = f"taking over {{}} of {consumer} (its process exited)"
                 started += (await self._start_claimed(stream, items, n, what))[0]
