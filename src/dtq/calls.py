@@ -416,6 +416,7 @@ async def start_many(
     s = db.settings
     dlq = _flag(s.dlq_enabled)
     again = resume or {}
+    lone = (token, "0")  # the two last ARGV of a call that resumes nothing
     calls: list[Call] = [
         (
             "start",
@@ -440,8 +441,7 @@ async def start_many(
                 new_id(),
                 dlq,
                 s.dlq_maxlen,
-                again.get(e.entry_id, token),
-                "1" if e.entry_id in again else "0",
+                *((again.get(e.entry_id, token), _flag(e.entry_id in again)) if again else lone),
             ],
         )
         for e in entries
