@@ -56,6 +56,7 @@ __all__ = [
     "StartReply",
     "SubmitReply",
     "Where",
+    "adopt",
     "cancel",
     "claim_due",
     "dlq_discard",
@@ -402,12 +403,20 @@ class StartReply:
 
 
 async def start_many(
-    db: Backend, entries: Sequence[Entry], worker_id: str
+    db: Backend,
+    entries: Sequence[Entry],
+    worker_id: str,
+    token: str = "",
+    resume: Mapping[str, str] | None = None,
 ) -> list[StartReply | Exception]:
     """start.lua for every entry of a read batch, in one round trip; the reply or the error of
-    each, in order. A lost connection is raised."""
+    each, in order. A lost connection is raised. ``token``: this batch's start token (kept in
+    the hash of each task it runs); ``resume``: entry id -> the token of an earlier start of
+    that entry whose reply was lost, sent again as a resume (see the script's header)."""
     s = db.settings
     dlq = _flag(s.dlq_enabled)
+    again = resume or {}
+    lone = (token, "0")  # the two last ARGV of a call that resumes nothing
     calls: list[Call] = [
         (
             "start",
@@ -432,6 +441,7 @@ async def start_many(
                 new_id(),
                 dlq,
                 s.dlq_maxlen,
+                *((again.get(e.entry_id, token), _flag(e.entry_id in again)) if again else lone),
             ],
         )
         for e in entries
@@ -565,6 +575,22 @@ def touch_blocking(
         client.script_load(scripts.source["touch"])
         lost = client.evalsha(sha, len(key_list), *key_list, *argv)
     return [owned[int(i) - 1][1] for i in lost]
+
+
+# -- adopt.lua ----------------------------------------------------------------------------------
+
+
+async def adopt(
+    db: Backend, stream: str, worker_id: str, dead: str, count: int
+) -> tuple[list[tuple[str, dict[str, str]]], int]:
+    """adopt.lua: claim for ``worker_id`` at most ``count`` entries of ``stream`` that are
+    pending for the consumer ``dead``, checking the owner in the same script; returns the
+    claimed (entry id, fields) and how many pending ids had no entry left (deleted while
+    pending)."""
+    items, gone = await db.scripts.call(
+        db.redis, "adopt", [stream], [keys.CONSUMER_GROUP, worker_id, dead, count]
+    )
+    return [(str(eid), _flat_fields(f)) for eid, f in items], int(gone)
 
 
 # -- claim_due.lua ------------------------------------------------------------------------------

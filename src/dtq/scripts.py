@@ -36,6 +36,7 @@ SCRIPT_NAMES = (
     "start",
     "finish",
     "touch",
+    "adopt",
     "claim_due",
     "promote",
     "expire",

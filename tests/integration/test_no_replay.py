@@ -5,17 +5,12 @@ fails in a batch of coalesced submits fails alone."""
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import AsyncIterator
-from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from redis.asyncio import Redis
-from redis.asyncio.connection import Connection, ConnectionPool
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from dtq import Queue, connect
@@ -25,63 +20,18 @@ from dtq.errors import RedisUnavailableError
 from dtq.models import Task
 from dtq.store import SUBMIT_CHUNK
 from dtq.worker.connection import worker_redis
-
-_EVALSHA = re.compile(rb"\*\d+\r\n\$7\r\nEVALSHA\r\n")  # the head of one EVALSHA command
-
-
-class LosingConnection(Connection):
-    """Loses the last reply of the next write of script calls, once: Redis ran every script
-    of it and answered, then the connection is killed (CLIENT KILL from another client) and
-    that reply never arrives."""
-
-    lose_next_script_reply = False
-    killer: Redis | None = None
-
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        chunks = [command] if isinstance(command, bytes | str) else list(command)
-        self._replies_due = sum(
-            len(_EVALSHA.findall(c)) for c in chunks if isinstance(c, bytes | bytearray)
-        )
-        await super().send_packed_command(chunks, check_health)
-
-    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
-        reply = await super().read_response(*args, **kwargs)
-        cls = type(self)
-        if cls.lose_next_script_reply and getattr(self, "_replies_due", 0):
-            self._replies_due -= 1
-            if not self._replies_due:  # every script of the write has run
-                cls.lose_next_script_reply = False
-                assert cls.killer is not None
-                await cls.killer.client_kill_filter(laddr=self._local_addr())
-                await self.disconnect()
-                raise RedisConnectionError("connection lost before the reply was read")
-        return reply
-
-    def _local_addr(self) -> str:
-        sock = self._writer.get_extra_info("socket") if self._writer else None
-        assert sock is not None
-        host, port = sock.getsockname()[:2]
-        return f"{host}:{port}"
+from support.wire import LosingConnection, losing_client, reset
 
 
 @pytest.fixture
 async def retrying_queue(settings: Settings, r: Redis) -> AsyncIterator[Queue]:
     """A Queue on a client built by hand, with redis-py retrying every failed command 3 times."""
-    url = urlsplit(settings.redis_url)
-    pool = ConnectionPool(
-        connection_class=LosingConnection,
-        host=url.hostname or "127.0.0.1",
-        port=url.port or 6379,
-        decode_responses=True,
-        retry=Retry(NoBackoff(), 3),
-    )
-    client = Redis.from_pool(pool)
-    LosingConnection.killer = r
-    LosingConnection.lose_next_script_reply = False
+    client = losing_client(settings.redis_url, Retry(NoBackoff(), 3))
+    reset(killer=r)
     q = Queue(client, settings)
     await q.scripts.load(client)
     yield q
-    LosingConnection.lose_next_script_reply = False
+    reset()
     await q.close()
 
 

@@ -26,8 +26,14 @@
 --   7. otherwise RUNNING: attempt = hash attempt + 1, started_at, worker_id, expiry member
 --      removed (a started task never expires), hash and history without TTL however long it
 --      runs (DESIGN 11), history, TASK_STARTED; the lease is renewed
---      (XCLAIM IDLE 0 JUSTID), so it runs a full visibility timeout from started_ms.
+--      (XCLAIM IDLE 0 JUSTID), so it runs a full visibility timeout from started_ms; the
+--      call's start token is kept in the hash (start_token).
 --      {"run", attempt, max_attempts, timeout_ms, expires_at_ms or "", created_ms, started_ms}
+-- A resume (ARGV[12] = "1") is this worker sending again a start whose reply it lost, with the
+-- token it sent then: when the hash is RUNNING this entry with that token, that start ran and
+-- the entry is this worker's: the lease is renewed and "run" returned with the attempt it set
+-- (no attempt + 1, nothing else written; started_ms is now). Otherwise that start did not run
+-- (or another has run since) and the checks above apply as to any start.
 --
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = the entry's stream
 -- KEYS[4] = dtq:cancelled   KEYS[5] = dtq:expiry
@@ -36,7 +42,8 @@
 -- KEYS[8] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] task retention s
 -- ARGV[6] idempotency TTL s  [7] events channel  [8] event_id  [9] DLQ enabled "1"/"0"
--- ARGV[10] DLQ maxlen
+-- ARGV[10] DLQ maxlen  [11] start token (random, one per start batch of a worker)
+-- ARGV[12] "1": resume a start sent with that token whose reply was lost; else "0"
 local task_id, entry_id, worker, group = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retention = tonumber(ARGV[5])
 
@@ -75,6 +82,12 @@ if status == 'succeeded' or status == 'failed' or status == 'dead_lettered'
 end
 
 local now = now_ms()
+if ARGV[12] == '1' and status == 'running' and h[2] == entry_id
+    and redis.call('HGET', KEYS[1], 'start_token') == ARGV[11] then
+  redis.call('XCLAIM', KEYS[3], group, worker, 0, entry_id, 'IDLE', 0, 'JUSTID')
+  return {'run', tonumber(h[3]), tonumber(h[4]) or 1, tonumber(h[5]) or 0, h[6] or '',
+    h[11] or '', now}
+end
 local ts = iso(now)
 local queue, task_type, idem = h[7], h[8], h[9] or ''
 local prev = tonumber(h[3]) or 0
@@ -153,7 +166,7 @@ else
 end
 
 redis.call('HSET', KEYS[1], 'status', 'running', 'attempt', attempt, 'started_at', ts,
-  'worker_id', worker, 'updated_at', ts)
+  'worker_id', worker, 'updated_at', ts, 'start_token', ARGV[11])
 if prev > 0 then
   -- The last attempt's outcome. A first attempt (attempt 0: just submitted or requeued from the
   -- DLQ, which clears them) has none to clear.

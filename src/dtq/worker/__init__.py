@@ -7,7 +7,7 @@ through :mod:`dtq.calls`:
 1. ``worker.py`` (:class:`Worker`): the loops (poll, reaper, cancel watcher, finisher,
    scheduler, heartbeat) and the ordered shutdown;
 2. ``intake.py``: entries come in: read.lua for the poll loops, ``XAUTOCLAIM`` for the reaper,
-   ``XCLAIM`` of a dead process's entries, each read within slots reserved from the executor;
+   ``adopt.lua`` for a dead process's entries, each read within slots reserved from the executor;
 3. ``execution.py`` (:class:`~dtq.worker.execution.Executor`): the slots, start.lua for each
    read batch, one asyncio task per started entry, cancel requests and lost leases;
 4. ``handlers.py`` (:class:`~dtq.worker.handlers.Runner`): the run of one entry: what its

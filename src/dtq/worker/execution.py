@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,7 +37,7 @@ from dtq.store import Store
 from dtq.worker.finish import Finisher
 from dtq.worker.handlers import Execution, Runner, ThreadRunner
 from dtq.worker.observer import TaskStarted, WorkerObserver
-from dtq.worker.outage import RedisOutage
+from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq_tasks import Handler
 
 __all__ = ["Capacity", "Executor", "wait_first"]
@@ -134,6 +135,9 @@ class Executor:
             rng=rng,
         )
         self.inflight: dict[str, Execution] = {}
+        # entry id -> (entry, start token) of a start whose reply was lost (see start())
+        self.lost: dict[str, tuple[Entry, str]] = {}
+        self._starting: set[str] = set()  # entry ids whose start script is on its way
         self.executions: set[asyncio.Task[None]] = set()
 
     # -- slots ----------------------------------------------------------------------------------
@@ -164,19 +168,45 @@ class Executor:
 
     async def start(self, entries: Sequence[Entry], slots: int) -> None:
         """Start what one read returned, in the ``slots`` reserved for it: one pipeline of
-        start scripts; the slots not used are given back."""
+        start scripts; the slots not used are given back.
+
+        A lost connection may have lost the replies after Redis ran the scripts: those entries
+        may be RUNNING here, neither in flight nor renewed. They are kept in :attr:`lost` with
+        the batch's start token, and the next start of one of them (:meth:`lost_entries`, sent
+        again by intake once Redis answers, or the reaper's claim) is a resume: start.lua runs
+        it at the attempt that start set when it ran, instead of counting a crash redelivery."""
         todo = []
+        resume: dict[str, str] = {}
+        starting = self._starting
         for entry in entries:
-            if entry.entry_id not in self.inflight:  # else reclaimed from ourselves: running
-                todo.append(entry)
+            entry_id = entry.entry_id
+            if entry_id in self.inflight or entry_id in starting:
+                if self.lost:
+                    self.lost.pop(entry_id, None)
+                continue  # reclaimed from ourselves: running, or being started by another path
+            if self.lost:
+                was = self.lost.pop(entry_id, None)
+                if was is not None:
+                    resume[entry_id] = was[1]
+            starting.add(entry_id)
+            todo.append(entry)
         self._capacity.release(slots - len(todo))
         if not todo:
             return
+        token = os.urandom(8).hex()
         try:
-            replies = await calls.start_many(self.store, todo, self.worker_id)
+            replies = await calls.start_many(self.store, todo, self.worker_id, token, resume)
+        except TRANSIENT:
+            self._capacity.release(len(todo))
+            for entry in todo:
+                self.lost[entry.entry_id] = (entry, resume.get(entry.entry_id, token))
+            raise
         except BaseException:
             self._capacity.release(len(todo))  # entries stay pending: the reaper redelivers them
             raise
+        finally:
+            for entry in todo:
+                starting.discard(entry.entry_id)
         for entry, start in zip(todo, replies, strict=True):
             if isinstance(start, Exception):
                 log.error(
@@ -189,6 +219,14 @@ class Executor:
                 self.finisher.skipped(entry, start)
                 continue
             self._launch(entry, start)
+
+    def holds(self, entry_id: str) -> bool:
+        """``entry_id`` is in flight, being started, or a start of it lost its reply."""
+        return entry_id in self.inflight or entry_id in self._starting or entry_id in self.lost
+
+    def lost_entries(self, most: int) -> list[Entry]:
+        """Up to ``most`` entries whose start reply was lost (see :meth:`start`)."""
+        return [entry for entry, _ in list(self.lost.values())[:most]]
 
     def _launch(self, entry: Entry, start: StartReply) -> None:
         ex = Execution(entry, start)

@@ -3,7 +3,9 @@
 - An execution that ended (:meth:`Finisher.finish`): its finish script joins the next
   pipeline; everything submitted in one event-loop
   tick goes to Redis together, never one awaited call per task. A lost connection is retried,
-  since the script is fenced and atomic. The reply is logged and counted, and
+  since the script is fenced and atomic: a finish that ran already is fenced the second time
+  (its entry is acknowledged) and writes nothing, and what it recorded is read from the task's
+  history (:meth:`Finisher._recorded`). The reply is logged and counted, and
   :class:`~dtq.worker.observer.TaskFinished` told.
 - An entry its start consumed without running it (:meth:`Finisher.skipped`): logged, counted
   and :class:`~dtq.worker.observer.TaskSkipped` told.
@@ -14,11 +16,13 @@ The counts (``tasks_processed``, ``tasks_failed``, ``tasks_retried``) are the wo
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import time
 from collections.abc import Sequence
 
-from dtq import calls
+from dtq import calls, keys
 from dtq.calls import Entry, FinishReply, Outcome, StartReply
 from dtq.config import Settings
 from dtq.scripts import Call
@@ -31,6 +35,7 @@ __all__ = ["FINISH_BATCH_MAX", "Finisher", "attempt_result"]
 log = logging.getLogger("dtq.worker.worker")
 
 FINISH_BATCH_MAX = 512
+HISTORY_LOOKBACK = 10  # history entries read to find what a finish whose reply was lost did
 
 
 class Finisher:
@@ -159,14 +164,60 @@ class Finisher:
             await asyncio.sleep(0)  # completions of this tick join the batch
             batch = self._items[:FINISH_BATCH_MAX]
             del self._items[:FINISH_BATCH_MAX]
-            replies = await self._send([c for c, _, _ in batch], [t for _, t, _ in batch])
+            replies, resent = await self._send([c for c, _, _ in batch], [t for _, t, _ in batch])
+            if resent:
+                replies = [
+                    await self._recorded(call, reply)
+                    for (call, _, _), reply in zip(batch, replies, strict=True)
+                ]
             for (_, _, fut), reply in zip(batch, replies, strict=True):
                 if not fut.done():
                     fut.set_result(reply)
 
+    async def _recorded(
+        self, call: Call, reply: FinishReply | Exception
+    ) -> FinishReply | Exception:
+        """The reply of a finish sent again after a lost connection. Found fenced as
+        ``not_pending`` (its entry is acknowledged), either the first send ran and only its
+        reply was lost, or another worker consumed the entry meanwhile: the task's history
+        tells, since only this worker's finish of this attempt records a change from running
+        by this worker at this attempt (this worker starts no entry it has in flight). The
+        status that first send recorded is returned; nothing is written again."""
+        if isinstance(reply, Exception) or reply.status != "fenced":
+            return reply
+        if reply.detail != "not_pending":
+            return reply
+        args = call[2]
+        task_id, attempt = str(args[0]), int(args[4])
+        try:
+            rows = await self._store.redis.lrange(keys.history(task_id), -HISTORY_LOOKBACK, -1)
+        except TRANSIENT:
+            return reply
+        for row in reversed(rows):
+            with contextlib.suppress(ValueError, TypeError):
+                change = json.loads(row)
+                if (
+                    change.get("from") == "running"
+                    and change.get("attempt") == attempt
+                    and change.get("worker_id") == self.worker_id
+                ):
+                    status = str(change["to"])
+                    log.info(
+                        "task %s attempt %d: the finish reply was lost; it had recorded %s",
+                        task_id,
+                        attempt,
+                        status,
+                    )
+                    delay = change.get("retry_delay_ms")
+                    return FinishReply(status, "" if delay is None else str(delay))
+        return reply
+
     async def _send(
         self, batch: Sequence[Call], task_ids: Sequence[str]
-    ) -> list[FinishReply | Exception]:
+    ) -> tuple[list[FinishReply | Exception], bool]:
+        """The batch's replies, and whether it was sent more than once (a lost connection:
+        the replies of an earlier send may have been lost after the scripts ran)."""
+        resent = False
         started = time.monotonic()
         deadline = started + self._retry_budget_s
         delay_s = 0.05
@@ -174,19 +225,20 @@ class Finisher:
             try:
                 replies = await calls.finish_many(self._store, batch)
             except TRANSIENT as exc:
+                resent = True
                 self._outage.failed("finish", exc)
                 if time.monotonic() + delay_s > deadline:
                     # Told, with the ids, in the outage reporter's next line (one a second).
                     self._outage.unrecorded(list(task_ids))
-                    return [exc] * len(batch)
+                    return [exc] * len(batch), False
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 2.0)
             except Exception as exc:  # a bug: every caller gets it, the loop goes on
                 log.exception("finish pipeline failed")
-                return [exc] * len(batch)
+                return [exc] * len(batch), False
             else:
                 self._outage.ok("finish")
-                return replies
+                return replies, resent
 
 
 def _completed_by_start(start: StartReply) -> str | None:

@@ -13,8 +13,9 @@
   scripts); with fewer slots than streams it blocks in ``XREAD BLOCK 500``, which consumes
   nothing, and reads with ``read.lua`` when woken.
 - **adopt**: once, at the start of a worker that replaces a ``--processes`` child that exited,
-  the dead child's pending entries are claimed (``XPENDING`` for that consumer, ``XCLAIM``)
-  and started at once, within free slots: its supervisor reaped it, so nothing can still be
+  the dead child's pending entries are claimed (``adopt.lua``: ``XPENDING`` for that
+  consumer and ``XCLAIM`` in one script, so a peer that took one meanwhile keeps it) and
+  started at once, within free slots: its supervisor reaped it, so nothing can still be
   running them, and they need not wait out the visibility timeout.
 - **reaper**: every ``DTQ_REAPER_INTERVAL_S``, one pipeline of ``XPENDING ... IDLE`` finds the
   entries idle past the visibility timeout (a dead or stalled worker's), then ``XAUTOCLAIM``
@@ -25,6 +26,12 @@
   and the worker never runs more than its concurrency. Redis 6.2 answers nil for an entry
   deleted while pending and keeps it pending: this consumer's pending ids that are gone from
   the stream are acknowledged and logged. Ids that Redis 7 reports deleted are logged.
+
+A read or claim whose reply a lost connection may have taken has delivered entries this
+worker does not know: once Redis answers, the poll loop starts every entry pending for this
+worker that it does not hold, and the entries of a start batch whose reply was lost are
+started again as resumes (:meth:`Executor.start <dtq.worker.execution.Executor.start>`;
+docs/delivery-guarantees.md, "Replies lost on the wire").
 
 Every read holds slots reserved from the executor first (:mod:`dtq.worker.execution`, which
 keeps the worker's capacity), and what it returns goes to :meth:`Executor.start
@@ -48,6 +55,7 @@ from dtq.calls import Entry, ReadPlan, ReadReply, parse_read
 from dtq.config import Settings
 from dtq.store import Store
 from dtq.worker.execution import Executor, wait_first
+from dtq.worker.outage import TRANSIENT
 
 __all__ = ["BLOCK_MS", "PAUSE_REFRESH_S", "READ_BATCH", "Intake"]
 
@@ -81,6 +89,7 @@ class Intake:
         self._paused: frozenset[str] = frozenset()
         self._blocking = False  # a poll loop is in XREAD BLOCK
         self._found = asyncio.Event()  # a read returned entries: a waiting loop reads too
+        self._unknown_pending = False  # a read's reply may have been lost (see poll)
 
     def active_streams(self) -> list[str]:
         """Streams of the queues not paused (as of the last read), p9 first across queues."""
@@ -91,6 +100,10 @@ class Intake:
     async def poll(self) -> None:
         """Read, start, repeat; wait when there is nothing to read; return once stopping."""
         while not self._stopping.is_set():
+            if self._unknown_pending:
+                await self._start_unknown_pending()
+            if self.execution.lost:
+                await self._resume_lost()
             n = await self.execution.reserve(READ_BATCH, self._stopping)
             if n == 0:
                 return
@@ -98,8 +111,10 @@ class Intake:
                 got = await self.read(n)
                 if got.since and not self._blocking and n >= len(got.since):
                     got = await self._read_blocking(got.since, n)
-            except BaseException:
+            except BaseException as exc:
                 self.execution.give_back(n)
+                if isinstance(exc, TRANSIENT):
+                    self._unknown_pending = True  # the read may have delivered entries
                 raise
             if got.entries:
                 self._found.set()
@@ -123,6 +138,81 @@ class Intake:
                     await self.redis.xread(watch, count=1, block=BLOCK_MS)
                 finally:
                     self._blocking = False
+
+    async def _start_unknown_pending(self) -> None:
+        """After a read or claim whose reply a lost connection may have taken: what it
+        delivered is pending for this worker, which does not know it. Start every entry
+        pending for this worker that it does not hold (:meth:`Executor.holds
+        <dtq.worker.execution.Executor.holds>`), ahead of fresh reads. Each start is fenced by
+        start.lua; one that another path starts meanwhile is started once (the executor skips
+        an entry being started)."""
+        self._unknown_pending = False
+        try:
+            await self._find_and_start_unknown()
+        except BaseException:
+            self._unknown_pending = True
+            raise
+
+    async def _find_and_start_unknown(self) -> None:
+        page = self.execution.slots + READ_BATCH
+        streams = self._plan.streams
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xpending_range(
+                stream, keys.CONSUMER_GROUP, "-", "+", page, consumername=self.worker_id
+            )
+        unknown: list[tuple[str, str]] = []
+        for stream, rows in zip(streams, await pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(rows, ResponseError):
+                continue  # no group: nothing was delivered from this stream
+            unknown += [
+                (stream, str(row["message_id"]))
+                for row in rows
+                if not self.execution.holds(str(row["message_id"]))
+            ]
+        if not unknown:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for stream, entry_id in unknown:
+            pipe.xrange(stream, entry_id, entry_id)
+        found: list[Entry] = []
+        for (stream, entry_id), got in zip(unknown, await pipe.execute(), strict=True):
+            entry = Entry.parse(stream, entry_id, got[0][1]) if got else None
+            if entry is not None:  # else deleted, or no task fields: the reaper's
+                found.append(entry)
+        if not found:
+            return
+        log.warning(
+            "worker %s: starting %d entr%s delivered to it by a read whose reply was lost",
+            self.worker_id,
+            len(found),
+            "y" if len(found) == 1 else "ies",
+        )
+        while found and not self._stopping.is_set():
+            n = await self.execution.reserve(
+                min(len(found), READ_BATCH), self._stopping, urgent=True
+            )
+            if n == 0:
+                return
+            await asyncio.shield(self.execution.start(found[:n], n))
+            del found[:n]
+
+    async def _resume_lost(self) -> None:
+        """Start again, as resumes, the entries whose start reply a lost connection took
+        (:meth:`Executor.start <dtq.worker.execution.Executor.start>`), ahead of fresh reads:
+        they are this worker's, and nothing renews them until they run."""
+        while self.execution.lost and not self._stopping.is_set():
+            n = await self.execution.reserve(READ_BATCH, self._stopping, urgent=True)
+            if n == 0:
+                return
+            entries = self.execution.lost_entries(n)
+            log.warning(
+                "worker %s: resuming %d entr%s whose start reply was lost",
+                self.worker_id,
+                len(entries),
+                "y" if len(entries) == 1 else "ies",
+            )
+            await asyncio.shield(self.execution.start(entries, n))
 
     async def _read_blocking(self, since: dict[str, str], n: int) -> ReadReply:
         """``XREADGROUP BLOCK`` on the streams that a read just found empty, holding ``n``
@@ -201,8 +291,10 @@ class Intake:
                         raise
                     await self.store.ensure_groups(keys.stream_queue(stream)[0])
                     break
-                except BaseException:
+                except BaseException as exc:
                     self.execution.give_back(n)
+                    if isinstance(exc, TRANSIENT):
+                        self._unknown_pending = True  # the claim may have run
                     raise
                 cursor = str(reply[0])
                 deleted = reply[2] if len(reply) > 2 else []
@@ -226,35 +318,27 @@ class Intake:
         """Claim and start the entries pending for ``consumers``, worker ids known to be dead
         (a ``--processes`` child its supervisor saw exit and reaped, which this worker replaces),
         at once instead of after the visibility timeout: nothing can still be running them.
-        Each is a crash redelivery for start.lua (attempt + 1). Only free slots are used; what
-        does not fit is left to the reaper. Returns how many were started."""
-        pairs = [(stream, consumer) for stream in self.active_streams() for consumer in consumers]
-        pipe = self.redis.pipeline(transaction=False)
-        for stream, consumer in pairs:
-            pipe.xpending_range(
-                stream, keys.CONSUMER_GROUP, "-", "+", READ_BATCH, consumername=consumer
-            )
+        Each claim is adopt.lua, which claims an entry only while XPENDING still names the dead
+        consumer as its owner (a peer's reaper may have taken it meanwhile: it stays the
+        peer's). Each is a crash redelivery for start.lua (attempt + 1). Only free slots are
+        used; what does not fit is left to the reaper. Returns how many were started."""
         started = 0
-        for (stream, consumer), rows in zip(
-            pairs, await pipe.execute(raise_on_error=False), strict=True
-        ):
-            if isinstance(rows, ResponseError):
-                if "NOGROUP" not in str(rows):
-                    raise rows
-                continue  # no group: nothing was delivered from this stream
-            n = self.execution.take(len(rows))
-            if n == 0:
-                continue
-            ids: list[str | bytes | int | memoryview[int]] = [
-                str(row["message_id"]) for row in rows[:n]
-            ]
-            try:
-                items = await self.redis.xclaim(stream, keys.CONSUMER_GROUP, self.worker_id, 0, ids)
-            except BaseException:
-                self.execution.give_back(n)
-                raise
-            what = f"taking over {{}} of {consumer} (its process exited)"
-            started += (await self._start_claimed(stream, items, n, what))[0]
+        for stream in self.active_streams():
+            for consumer in consumers:
+                n = self.execution.take(READ_BATCH)
+                if n == 0:
+                    return started
+                try:
+                    items, gone = await calls.adopt(self.store, stream, self.worker_id, consumer, n)
+                except BaseException as exc:
+                    self.execution.give_back(n)
+                    if isinstance(exc, TRANSIENT):
+                        self._unknown_pending = True  # the claim may have run
+                    raise
+                what = f"taking over {{}} of {consumer} (its process exited)"
+                started += (await self._start_claimed(stream, items, n, what))[0]
+                if gone:
+                    await self._resolve_deleted(stream)
         return started
 
     async def _start_claimed(
