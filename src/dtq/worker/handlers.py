@@ -9,9 +9,15 @@ records it (:func:`succeeded`, :func:`rescheduled`, :func:`failed`: an
 :class:`~dtq.calls.Outcome`, errors classified by :mod:`dtq.retry`).
 
 Sync handlers run on the daemon threads of a :class:`ThreadRunner` (GIL-bound; CPU-heavy work
-wants several processes). A thread that timed out or was cancelled runs on: Python cannot stop
-it, so :attr:`Execution.thread` stays pending, and the executor gives the slot back only when
-it returns; concurrency stays bounded.
+wants several processes). One that passes its ``timeout_ms`` is interrupted: an asynchronous
+exception (:class:`~dtq_tasks.TimeLimitExceeded`; :class:`~dtq_tasks.TaskCancelled` for a
+cancel) is raised in its thread, at its next Python bytecode. The attempt's end is recorded only
+once the thread has ended, so its next attempt never starts while it still runs: meanwhile the
+entry stays in flight (the heartbeat renews it, no peer reclaims it) and the slot stays taken. A
+thread still running ``INTERRUPT_GRACE_S`` after its interrupt (C code that does not return to
+the interpreter, or a handler that swallows the exception) is logged once; its task stays
+RUNNING until it returns. At shutdown the wait is bounded: the worker leaves the entry for a
+peer (a crash redelivery). See docs/delivery-guarantees.md, "Sync handlers".
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import ctypes
 import json
 import logging
 import queue
@@ -37,12 +44,14 @@ from dtq.models import compact_json
 from dtq.retry import PayloadDecodeError, classify, next_retry_delay_s, sanitize
 from dtq.store import Store, ms_to_dt
 from dtq.worker.outage import TRANSIENT
-from dtq_tasks import Handler, RescheduleError, TaskContext
+from dtq_tasks import Handler, RescheduleError, TaskCancelled, TaskContext, TimeLimitExceeded
 
 __all__ = [
+    "INTERRUPT_GRACE_S",
     "Execution",
     "Prepared",
     "Runner",
+    "ThreadJob",
     "ThreadRunner",
     "failed",
     "ms_since",
@@ -53,6 +62,10 @@ __all__ = [
 
 log = logging.getLogger("dtq.worker.worker")
 
+INTERRUPT_GRACE_S = 2.0
+"""How long an interrupted sync handler's thread may take to end before it is reported (and,
+at shutdown, before the worker stops waiting for it)."""
+
 
 @dataclass(eq=False)
 class Execution:
@@ -60,8 +73,10 @@ class Execution:
 
     ``cancel_reason``: ``user`` (a cancel request: finished CANCELLED), ``shutdown`` (the drain
     timeout passed) or ``lost`` (another worker holds the entry): the last two write nothing
-    and leave the entry pending for a peer. ``thread``: a sync handler's, done once it has
-    returned.
+    and leave the entry pending for a peer. ``job``: a sync handler's call on its thread.
+    ``thread_wait``: set while the handler has ended (timed out, cancelled) but its thread still
+    runs, so the finish waits; ``overdue``: that thread outlived its interrupt by
+    :data:`INTERRUPT_GRACE_S`.
     """
 
     entry: Entry
@@ -70,15 +85,36 @@ class Execution:
     cancel_reason: str | None = None
     finishing: bool = False
     handler_started: bool = False  # the lease check passed and the handler was called
-    thread: asyncio.Future[Any] | None = None
+    job: ThreadJob | None = None
+    thread_wait: asyncio.Event | None = None
+    overdue: bool = False
+    cancel_noted: bool = False  # a cancel request met a timed-out thread: logged once
 
     @property
     def attempt(self) -> int:
         return self.start.attempt
 
+    @property
+    def thread(self) -> asyncio.Future[Any] | None:
+        """A sync handler's result: done once its thread has returned."""
+        return None if self.job is None else self.job.future
+
     def cancel(self, reason: str) -> bool:
-        """Stop the handler (not the bookkeeping); False when it is past that point."""
-        if self.finishing or self.cancel_reason is not None:
+        """Stop the handler (not the bookkeeping); False when it is past that point.
+
+        While the finish waits for a timed-out handler's thread, a shutdown or a lost lease
+        stops the waiting (nothing is recorded); a user's cancel does not: the attempt's end
+        is decided, and finish.lua makes a retry of a task whose cancel was requested
+        CANCELLED."""
+        if self.finishing:
+            return False
+        if self.thread_wait is not None:
+            if reason == "user" or self.thread_wait.is_set():
+                return False
+            self.cancel_reason = reason
+            self.thread_wait.set()
+            return True
+        if self.cancel_reason is not None:
             return False
         if self.handler_task is not None and self.handler_task.done():
             return False  # the handler has ended: its outcome is about to be recorded
@@ -127,6 +163,15 @@ class Runner:
         ex.handler_task = asyncio.create_task(self._call(ex, call))
         if ex.cancel_reason is not None:  # cancelled before the handler got going
             ex.handler_task.cancel()
+        outcome = await self._ended(ex, start, t0)
+        if ex.job is not None and not ex.job.future.done():
+            return await self._thread_ended(ex, ex.job, outcome)
+        return outcome
+
+    async def _ended(self, ex: Execution, start: StartReply, t0: float) -> Outcome | None:
+        """How the handler task ended, as an outcome (None: stopped, nothing recorded)."""
+        settings = self.settings
+        assert ex.handler_task is not None
         try:
             result = await ex.handler_task
         except asyncio.CancelledError:
@@ -160,10 +205,53 @@ class Runner:
         if handler.is_async:
             async with asyncio.timeout(call.timeout_s):
                 return await handler.fn(call.payload, call.ctx)
-        ex.thread = fut = self.threads.submit(handler.fn, call.payload, call.ctx)
-        fut.add_done_callback(_retrieve)
+        ex.job = job = self.threads.submit(handler.fn, call.payload, call.ctx)
+        job.future.add_done_callback(_retrieve)
         async with asyncio.timeout(call.timeout_s):
-            return await asyncio.shield(fut)
+            return await asyncio.shield(job.future)
+
+    async def _thread_ended(
+        self, ex: Execution, job: ThreadJob, outcome: Outcome | None
+    ) -> Outcome | None:
+        """The handler ended (timed out, cancelled) while its thread still runs: interrupt it,
+        then wait until it has ended before ``outcome`` is recorded, the entry renewed by the
+        heartbeat meanwhile. A lost lease does not wait (the entry is another worker's); a
+        shutdown waits :data:`INTERRUPT_GRACE_S` at most and records nothing (a peer takes the
+        entry over). The slot comes back when the thread returns (the executor's release)."""
+        reason = ex.cancel_reason
+        self.threads.interrupt(
+            job, TimeLimitExceeded if reason in (None, "shutdown") else TaskCancelled
+        )
+        if reason == "lost":
+            return None
+        if reason == "shutdown":
+            await asyncio.wait({job.future}, timeout=INTERRUPT_GRACE_S)
+            return None
+        ex.thread_wait = stop = asyncio.Event()
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            waits: set[asyncio.Future[Any]] = {job.future, stopped}
+            await asyncio.wait(
+                waits, timeout=INTERRUPT_GRACE_S, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not job.future.done() and not stop.is_set():
+                ex.overdue = True
+                log.warning(
+                    "task %s attempt %d: its sync handler's thread still runs %.1fs after it was "
+                    "interrupted (%s); the task stays RUNNING, owned by this worker, until the "
+                    "thread returns (code that never returns to the interpreter cannot be "
+                    "interrupted)",
+                    ex.entry.task_id,
+                    ex.attempt,
+                    INTERRUPT_GRACE_S,
+                    "cancel requested" if reason == "user" else "timeout_ms passed",
+                )
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if ex.cancel_reason != reason:
+            return None  # shutdown or lost lease while waiting: left for a peer
+        return outcome
 
     async def _lease_held(self, ex: Execution) -> bool:
         """Right before a handler starts: is the lease still this worker's? start.lua renewed
@@ -312,21 +400,55 @@ def ms_since(t0: float) -> int:
     return round((time.monotonic() - t0) * 1000)
 
 
-_Job = tuple[asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]]
+_QUEUED, _RUNNING, _DONE = 0, 1, 2
+
+
+class ThreadJob:
+    """One call on a :class:`ThreadRunner` thread: ``future`` gets its result (on the event
+    loop its submit was called on); :meth:`ThreadRunner.interrupt` stops it."""
+
+    __slots__ = ("_args", "_call", "_ident", "_sent", "_state", "future", "interrupted_by")
+
+    def __init__(
+        self, future: asyncio.Future[Any], call: Callable[..., Any], args: tuple[Any, ...]
+    ) -> None:
+        self.future = future
+        self._call = call
+        self._args = args
+        self._state = _QUEUED
+        self._ident = 0
+        self._sent = False  # an asynchronous exception was set in its thread
+        self.interrupted_by: type[BaseException] | None = None
+
+
+def _set_async_exc(ident: int, exc: type[BaseException] | None) -> int:
+    """Raise ``exc`` in thread ``ident`` at its next bytecode (None: withdraw one that has not
+    been raised yet); returns how many threads it reached."""
+    set_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    n = int(set_exc(ctypes.c_ulong(ident), None if exc is None else ctypes.py_object(exc)))
+    if n > 1:  # never for a live thread id; withdrawn, as the C API asks
+        set_exc(ctypes.c_ulong(ident), None)
+        return 0
+    return n
 
 
 class ThreadRunner:
     """A small pool of daemon threads bridged to asyncio futures (at most ``size`` threads).
-    Each result goes back to the event loop its :meth:`submit` was called on."""
+    Each result goes back to the event loop its :meth:`submit` was called on.
+
+    :meth:`interrupt` raises an exception in the thread of a job that runs, once per job, and
+    only while it runs: the lock that guards it also marks the job's start and end, and a
+    thread withdraws at the job's end an exception not raised yet, so none can reach the pool's
+    own code or the thread's next job."""
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[ThreadJob | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._busy = 0
         self._lock = threading.Lock()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    def submit(self, fn: Callable[..., Any], *args: Any) -> ThreadJob:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         with self._lock:
             self._busy += 1
@@ -337,24 +459,54 @@ class ThreadRunner:
                 self._threads.append(t)
                 t.start()
         # The handler sees the context of its execution (log fields bound by the worker).
-        self._queue.put((fut, contextvars.copy_context().run, (fn, *args)))
-        return fut
+        job = ThreadJob(fut, contextvars.copy_context().run, (fn, *args))
+        self._queue.put(job)
+        return job
+
+    def interrupt(self, job: ThreadJob, exc: type[BaseException]) -> bool:
+        """Raise ``exc`` in ``job``'s thread (a job not started yet never runs: it ends with
+        ``exc``). False when it has ended or was interrupted already."""
+        with self._lock:
+            if job._state == _DONE or job.interrupted_by is not None:
+                return False
+            job.interrupted_by = exc
+            if job._state == _RUNNING:
+                job._sent = _set_async_exc(job._ident, exc) == 1
+            return True
 
     def _work(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            job = self._queue.get()
+            if job is None:
                 return
-            fut, fn, args = item
+            result: Any = None
+            error: BaseException | None = None
             try:
-                result = fn(*args)
+                try:
+                    self._begin(job)
+                    result = job._call(*job._args)
+                finally:
+                    self._end(job)
             except BaseException as exc:  # handed to the event loop, like run_in_executor
-                self._deliver(fut, None, exc)
-            else:
-                self._deliver(fut, result, None)
-            finally:
-                with self._lock:
-                    self._busy -= 1
+                error = exc
+            self._deliver(job.future, result, error)
+            with self._lock:
+                self._busy -= 1
+
+    def _begin(self, job: ThreadJob) -> None:
+        with self._lock:
+            if job.interrupted_by is not None:
+                raise job.interrupted_by()
+            job._ident = threading.get_ident()
+            job._state = _RUNNING
+
+    def _end(self, job: ThreadJob) -> None:
+        # An exception raised in here (or just before) is the job's one interrupt: caught by
+        # _work with the job's own, and nothing is left pending.
+        with self._lock:
+            job._state = _DONE
+            if job._sent:
+                _set_async_exc(job._ident, None)
 
     def _deliver(self, fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
         def settle() -> None:
