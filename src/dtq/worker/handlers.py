@@ -501,8 +501,10 @@ class ThreadRunner:
             job._state = _RUNNING
 
     def _end(self, job: ThreadJob) -> None:
-        # An exception raised in here (or just before) is the job's one interrupt: caught by
-        # _work with the job's own, and nothing is left pending.
+        # Called inside _work's try: an interrupt raised in here (or just before) is the job's
+        # one interrupt, caught there as the job's end. Once the job is marked ended under the
+        # lock no interrupt can be sent, and one sent but not raised yet is withdrawn, so
+        # nothing is left pending for the pool's own code or the next job.
         with self._lock:
             job._state = _DONE
             if job._sent:
