@@ -24,6 +24,7 @@ from support import running_worker, wait_until
 from support.worker import fast, handlers, wait_status
 
 RUN_S = 4.0  # how long the handlers below run when nothing stops them
+CLEANUP_S = 0.2  # how long they take to clean up once stopped: the worker must wait for it
 
 
 def _runs_key(task_id: str) -> str:
@@ -31,8 +32,8 @@ def _runs_key(task_id: str) -> str:
 
 
 def _looping(redis_url: str, *, swallow: bool = False) -> Any:
-    """A sync handler looping in Python for RUN_S; ``swallow``: it catches the interrupt and
-    goes on (badly behaved)."""
+    """A sync handler looping in Python for RUN_S, then cleaning up for CLEANUP_S; ``swallow``:
+    it catches the interrupt and goes on (badly behaved)."""
 
     def handler(payload: dict[str, Any], ctx: TaskContext) -> str:
         r = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -46,8 +47,10 @@ def _looping(redis_url: str, *, swallow: bool = False) -> Any:
                 except TimeoutError:
                     if not swallow:
                         raise
+                    r.rpush(key, f"caught:{ctx.attempt}:{time.monotonic()}")
             return "done"
         finally:
+            time.sleep(CLEANUP_S)
             r.rpush(key, f"end:{ctx.attempt}:{time.monotonic()}")
             r.close()
 
@@ -68,7 +71,7 @@ def _spans(runs: list[tuple[str, int, float]]) -> dict[int, tuple[float, float |
     for what, attempt, at in runs:
         if what == "start":
             spans[attempt] = (at, None)
-        else:
+        elif what == "end":
             spans[attempt] = (spans[attempt][0], at)
     return spans
 
@@ -82,9 +85,9 @@ async def test_timed_out_sync_handler_is_interrupted_and_its_retry_starts_after_
     spans = _spans(await _runs(r, task.task_id))
     assert sorted(spans) == [1, 2]
     for attempt, (began, ended) in spans.items():
-        assert ended is not None, f"attempt {attempt}'s thread never ended"
+        assert ended is not None, f"the task ended while attempt {attempt}'s thread still ran"
         # Interrupted at its deadline, within a small margin (the loop sleeps 10 ms at a time).
-        assert 0.25 <= ended - began < 0.3 + 0.5, (attempt, ended - began)
+        assert 0.25 + CLEANUP_S <= ended - began < 0.3 + CLEANUP_S + 0.3, (attempt, ended - began)
     assert spans[2][0] >= spans[1][1]  # type: ignore[operator]
     # Recorded as before: a timeout, retryable.
     assert h["error_class"] == "TimeoutError" and h["retryable"] == "1"
@@ -105,12 +108,12 @@ async def test_cancel_interrupts_a_running_sync_handler_cancelled_after_it_ended
         asked = time.monotonic()
         with pytest.raises(TaskRunningError):
             await queue.cancel(task.task_id)
-        await wait_status(r, task.task_id, "cancelled", timeout_s=2)
+        await wait_status(r, task.task_id, "cancelled", timeout_s=CLEANUP_S + 2)
         spans = _spans(await _runs(r, task.task_id))  # read at once: the thread has ended
     assert list(spans) == [1]
     ended = spans[1][1]
     assert ended is not None, "CANCELLED while the thread still ran"
-    assert ended - asked < 1.0
+    assert ended - asked < CLEANUP_S + 1.0
     assert (await queue.get(task.task_id)).result is None
 
 
@@ -149,6 +152,7 @@ async def test_handler_swallowing_the_interrupt_keeps_its_task_running_and_owned
 
         await wait_until(started, 5, "handler started")
         assert not await pinned_until(0.3 + INTERRUPT_GRACE_S + 0.3)
+        assert [what for what, _, _ in await _runs(r, task.task_id)] == ["start", "caught"]
         assert "still runs" in caplog.text  # the overdue thread is reported
         with pytest.raises(TaskRunningError):
             await queue.cancel(task.task_id)
@@ -188,3 +192,32 @@ async def test_shutdown_interrupts_a_sync_handler_and_leaves_its_entry_for_a_pee
     async with running_worker(s, handlers(tl_loop=_looping(redis_url))):
         h = await wait_status(r, task.task_id, "succeeded", timeout_s=RUN_S + 6)
     assert h["attempt"] == "2"
+
+
+async def test_shutdown_stops_waiting_for_a_timed_out_thread_that_runs_on(
+    settings: Settings, r: Redis, queue: Queue, redis_url: str
+) -> None:
+    task = await queue.submit("tl_stubborn", {}, timeout_ms=300, max_attempts=2)
+    s = fast(settings, drain_timeout_s=0.5)
+    async with running_worker(s, handlers(tl_stubborn=_looping(redis_url, swallow=True))) as w:
+
+        async def started() -> bool:
+            return bool(await _runs(r, task.task_id))
+
+        async def caught() -> bool:  # past its deadline: the finish waits for the thread
+            return any(what == "caught" for what, _, _ in await _runs(r, task.task_id))
+
+        await wait_until(caught, 5, "interrupt caught")
+        w.stop()
+        stopped_at = time.monotonic()
+    # The drain timeout bounds the wait; nothing recorded, the entry left for a peer.
+    assert time.monotonic() - stopped_at < 0.5 + 2
+    h = await r.hgetall(keys.task(task.task_id))
+    assert h["status"] == "running" and h["attempt"] == "1"
+    pending = await r.xpending(keys.stream("default", 5), keys.CONSUMER_GROUP)
+    assert pending["pending"] == 1
+
+    async def thread_ended() -> bool:  # in this process the thread runs on: let it end
+        return _spans(await _runs(r, task.task_id))[1][1] is not None
+
+    await wait_until(thread_ended, RUN_S + 2, "the stubborn thread ended")
