@@ -21,7 +21,8 @@ from dtq.errors import TaskRunningError
 from dtq.worker.handlers import INTERRUPT_GRACE_S
 from dtq_tasks import TaskContext
 from support import running_worker, wait_until
-from support.worker import fast, handlers, wait_status
+from support.cli import Cli
+from support.worker import fast, handlers, read_as, start_as, wait_status
 
 RUN_S = 4.0  # how long the handlers below run when nothing stops them
 CLEANUP_S = 0.2  # how long they take to clean up once stopped: the worker must wait for it
@@ -154,8 +155,11 @@ async def test_handler_swallowing_the_interrupt_keeps_its_task_running_and_owned
         assert not await pinned_until(0.3 + INTERRUPT_GRACE_S + 0.3)
         assert [what for what, _, _ in await _runs(r, task.task_id)] == ["start", "caught"]
         assert "still runs" in caplog.text  # the overdue thread is reported
-        with pytest.raises(TaskRunningError):
+        with pytest.raises(TaskRunningError) as refused:
             await queue.cancel(task.task_id)
+        # The cancel says its worker cannot stop it.
+        assert refused.value.details["overdue_attempt"] == 1
+        assert "cannot stop it" in refused.value.message
         # Past the visibility timeout: still RUNNING, still this worker's, no second attempt.
         assert await pinned_until(RUN_S + 2)
         assert "cancel requested after its sync handler timed out" in caplog.text
@@ -221,3 +225,27 @@ async def test_shutdown_stops_waiting_for_a_timed_out_thread_that_runs_on(
         return _spans(await _runs(r, task.task_id))[1][1] is not None
 
     await wait_until(thread_ended, RUN_S + 2, "the stubborn thread ended")
+
+
+async def test_cancel_of_a_task_whose_thread_runs_on_says_its_worker_cannot_stop_it(
+    settings: Settings, r: Redis, queue: Queue, redis_url: str
+) -> None:
+    """The worker names the attempt whose thread did not stop (``overdue_attempt``); a cancel
+    says so while that attempt runs, by the SDK (and the API: the error's details) and the CLI.
+    A note left by an earlier attempt says nothing."""
+    task = await queue.submit("tl_loop", {})
+    entry = await read_as(r, "tl-worker")
+    await start_as(r, entry, "tl-worker", settings)  # RUNNING, attempt 1
+    await r.hset(keys.task(task.task_id), "overdue_attempt", "1")
+    with pytest.raises(TaskRunningError) as refused:
+        await queue.cancel(task.task_id)
+    assert refused.value.details["overdue_attempt"] == 1
+    assert "its worker cannot stop it" in refused.value.message
+    run = await asyncio.to_thread(Cli(redis_url).ok, "cancel", task.task_id)
+    assert "its worker cannot stop it" in run.out
+    await r.hset(keys.task(task.task_id), "overdue_attempt", "0")  # another attempt's
+    with pytest.raises(TaskRunningError) as plain:
+        await queue.cancel(task.task_id)
+    assert "overdue_attempt" not in plain.value.details
+    run = await asyncio.to_thread(Cli(redis_url).ok, "cancel", task.task_id)
+    assert "cannot stop it" not in run.out and "cancellation requested" in run.out

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dtq import calls
+from dtq import calls, keys
 from dtq.calls import Entry, Outcome, StartReply
 from dtq.clock import RedisClock
 from dtq.config import Settings
@@ -246,12 +246,23 @@ class Runner:
                     INTERRUPT_GRACE_S,
                     "cancel requested" if reason == "user" else "timeout_ms passed",
                 )
+                await self._note_overdue(ex)
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
         if ex.cancel_reason != reason:
             return None  # shutdown or lost lease while waiting: left for a peer
         return outcome
+
+    async def _note_overdue(self, ex: Execution) -> None:
+        """Tell a canceller that this attempt's thread did not stop: ``overdue_attempt`` in the
+        task hash (cancel says so while it names the running attempt). Best effort."""
+        try:
+            await self.store.redis.hset(
+                keys.task(ex.entry.task_id), "overdue_attempt", str(ex.attempt)
+            )
+        except TRANSIENT as exc:
+            log.debug("task %s: overdue_attempt not written: %s", ex.entry.task_id, exc)
 
     async def _lease_held(self, ex: Execution) -> bool:
         """Right before a handler starts: is the lease still this worker's? start.lua renewed
