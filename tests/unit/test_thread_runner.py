@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dtq.worker.handlers import ThreadRunner, _set_async_exc
+from dtq.worker.threads import ThreadRunner, _set_async_exc
 from dtq_tasks import TaskCancelled, TimeLimitExceeded
 
 

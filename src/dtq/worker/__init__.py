@@ -20,7 +20,8 @@ Beside the path: ``heartbeat.py`` (its own thread: touch.lua and the worker hash
 ``scheduler.py`` and ``consumers.py`` (the leader's promotions, expiry sweep, stale workers and
 idle consumers), ``observer.py`` (the lifecycle events and their hooks), ``telemetry.py``
 (metrics and logs as observers), ``outage.py`` (the one "Redis unavailable" reporter),
-``supervisor.py`` (``--processes``), ``connection.py`` (the Redis client).
+``supervisor.py`` (``--processes``), ``connection.py`` (the Redis client), ``threads.py``
+(the threads of sync handlers, and their interrupts).
 """
 
 from __future__ import annotations

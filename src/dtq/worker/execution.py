@@ -34,9 +34,10 @@ from dtq.config import Settings
 from dtq.log import bind as bind_log_fields
 from dtq.store import Store
 from dtq.worker.finish import Finisher
-from dtq.worker.handlers import Execution, Runner, ThreadRunner
+from dtq.worker.handlers import Execution, Runner
 from dtq.worker.observer import TaskStarted, WorkerObserver
 from dtq.worker.outage import RedisOutage
+from dtq.worker.threads import ThreadRunner
 from dtq_tasks import Handler
 
 __all__ = ["Capacity", "Executor", "wait_first"]

@@ -8,31 +8,27 @@ handler's model); the handler task, which checks the lease right before the hand
 records it (:func:`succeeded`, :func:`rescheduled`, :func:`failed`: an
 :class:`~dtq.calls.Outcome`, errors classified by :mod:`dtq.retry`).
 
-Sync handlers run on the daemon threads of a :class:`ThreadRunner` (GIL-bound; CPU-heavy work
-wants several processes). One that passes its ``timeout_ms`` is interrupted: an asynchronous
-exception (:class:`~dtq_tasks.TimeLimitExceeded`; :class:`~dtq_tasks.TaskCancelled` for a
-cancel) is raised in its thread, at its next Python bytecode. The attempt's end is recorded only
-once the thread has ended, so its next attempt never starts while it still runs: meanwhile the
-entry stays in flight (the heartbeat renews it, no peer reclaims it) and the slot stays taken. A
-thread still running ``INTERRUPT_GRACE_S`` after its interrupt (C code that does not return to
-the interpreter, or a handler that swallows the exception) is logged once; its task stays
-RUNNING until it returns. At shutdown the wait is bounded: the worker leaves the entry for a
-peer (a crash redelivery). See docs/delivery-guarantees.md, "Sync handlers".
+Sync handlers run on the daemon threads of a :class:`~dtq.worker.threads.ThreadRunner`
+(GIL-bound; CPU-heavy work wants several processes). One that passes its ``timeout_ms`` is
+interrupted: an asynchronous exception (:class:`~dtq_tasks.TimeLimitExceeded`;
+:class:`~dtq_tasks.TaskCancelled` for a cancel) is raised in its thread, at its next Python
+bytecode. The attempt's end is recorded only once the thread has ended, so its next attempt
+never starts while it still runs: meanwhile the entry stays in flight (the heartbeat renews it,
+no peer reclaims it) and the slot stays taken. A thread still running ``INTERRUPT_GRACE_S``
+after its interrupt (C code that does not return to the interpreter, or a handler that
+swallows the exception) is logged once; its task stays RUNNING until it returns. At shutdown
+the wait is bounded: the worker leaves the entry for a peer (a crash redelivery). See
+docs/delivery-guarantees.md, "Sync handlers".
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
-import ctypes
 import json
 import logging
-import queue
 import random
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +40,7 @@ from dtq.models import compact_json
 from dtq.retry import PayloadDecodeError, classify, next_retry_delay_s, sanitize
 from dtq.store import Store, ms_to_dt
 from dtq.worker.outage import TRANSIENT
+from dtq.worker.threads import ThreadJob, ThreadRunner
 from dtq_tasks import Handler, RescheduleError, TaskCancelled, TaskContext, TimeLimitExceeded
 
 __all__ = [
@@ -51,8 +48,6 @@ __all__ = [
     "Execution",
     "Prepared",
     "Runner",
-    "ThreadJob",
-    "ThreadRunner",
     "failed",
     "ms_since",
     "prepare",
@@ -409,132 +404,3 @@ def failed(
 
 def ms_since(t0: float) -> int:
     return round((time.monotonic() - t0) * 1000)
-
-
-_QUEUED, _RUNNING, _DONE = 0, 1, 2
-
-
-class ThreadJob:
-    """One call on a :class:`ThreadRunner` thread: ``future`` gets its result (on the event
-    loop its submit was called on); :meth:`ThreadRunner.interrupt` stops it."""
-
-    __slots__ = ("_args", "_call", "_ident", "_sent", "_state", "future", "interrupted_by")
-
-    def __init__(
-        self, future: asyncio.Future[Any], call: Callable[..., Any], args: tuple[Any, ...]
-    ) -> None:
-        self.future = future
-        self._call = call
-        self._args = args
-        self._state = _QUEUED
-        self._ident = 0
-        self._sent = False  # an asynchronous exception was set in its thread
-        self.interrupted_by: type[BaseException] | None = None
-
-
-def _set_async_exc(ident: int, exc: type[BaseException] | None) -> int:
-    """Raise ``exc`` in thread ``ident`` at its next bytecode (None: withdraw one that has not
-    been raised yet); returns how many threads it reached."""
-    set_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-    n = int(set_exc(ctypes.c_ulong(ident), None if exc is None else ctypes.py_object(exc)))
-    if n > 1:  # never for a live thread id; withdrawn, as the C API asks
-        set_exc(ctypes.c_ulong(ident), None)
-        return 0
-    return n
-
-
-class ThreadRunner:
-    """A small pool of daemon threads bridged to asyncio futures (at most ``size`` threads).
-    Each result goes back to the event loop its :meth:`submit` was called on.
-
-    :meth:`interrupt` raises an exception in the thread of a job that runs, once per job, and
-    only while it runs: the lock that guards it also marks the job's start and end, and a
-    thread withdraws at the job's end an exception not raised yet, so none can reach the pool's
-    own code or the thread's next job."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._queue: queue.SimpleQueue[ThreadJob | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._busy = 0
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> ThreadJob:
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        with self._lock:
-            self._busy += 1
-            if self._busy > len(self._threads) and len(self._threads) < self._size:
-                t = threading.Thread(
-                    target=self._work, name=f"dtq-handler-{len(self._threads)}", daemon=True
-                )
-                self._threads.append(t)
-                t.start()
-        # The handler sees the context of its execution (log fields bound by the worker).
-        job = ThreadJob(fut, contextvars.copy_context().run, (fn, *args))
-        self._queue.put(job)
-        return job
-
-    def interrupt(self, job: ThreadJob, exc: type[BaseException]) -> bool:
-        """Raise ``exc`` in ``job``'s thread (a job not started yet never runs: it ends with
-        ``exc``). False when it has ended or was interrupted already."""
-        with self._lock:
-            if job._state == _DONE or job.interrupted_by is not None:
-                return False
-            job.interrupted_by = exc
-            if job._state == _RUNNING:
-                job._sent = _set_async_exc(job._ident, exc) == 1
-            return True
-
-    def _work(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            result: Any = None
-            error: BaseException | None = None
-            try:
-                try:
-                    self._begin(job)
-                    result = job._call(*job._args)
-                finally:
-                    self._end(job)
-            except BaseException as exc:  # handed to the event loop, like run_in_executor
-                error = exc
-            self._deliver(job.future, result, error)
-            with self._lock:
-                self._busy -= 1
-
-    def _begin(self, job: ThreadJob) -> None:
-        with self._lock:
-            if job.interrupted_by is not None:
-                raise job.interrupted_by()
-            job._ident = threading.get_ident()
-            job._state = _RUNNING
-
-    def _end(self, job: ThreadJob) -> None:
-        # Called inside _work's try: an interrupt raised in here (or just before) is the job's
-        # one interrupt, caught there as the job's end. Once the job is marked ended under the
-        # lock no interrupt can be sent, and one sent but not raised yet is withdrawn, so
-        # nothing is left pending for the pool's own code or the next job.
-        with self._lock:
-            job._state = _DONE
-            if job._sent:
-                _set_async_exc(job._ident, None)
-
-    def _deliver(self, fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-        def settle() -> None:
-            if fut.done():
-                return
-            if exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)
-
-        # RuntimeError: the loop has closed, the worker is gone and nobody waits for this.
-        with contextlib.suppress(RuntimeError):
-            fut.get_loop().call_soon_threadsafe(settle)
-
-    def shutdown(self) -> None:
-        """Let idle threads end; busy ones are daemons and end with the process."""
-        for _ in self._threads:
-            self._queue.put(None)
