@@ -158,36 +158,32 @@ class Runner:
         ex.handler_task = asyncio.create_task(self._call(ex, call))
         if ex.cancel_reason is not None:  # cancelled before the handler got going
             ex.handler_task.cancel()
-        outcome = await self._ended(ex, start, t0)
-        if ex.job is not None and not ex.job.future.done():
-            return await self._thread_ended(ex, ex.job, outcome)
-        return outcome
-
-    async def _ended(self, ex: Execution, start: StartReply, t0: float) -> Outcome | None:
-        """How the handler task ended, as an outcome (None: stopped, nothing recorded)."""
-        settings = self.settings
-        assert ex.handler_task is not None
+        outcome: Outcome | None
         try:
             result = await ex.handler_task
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if ex.cancel_reason == "user":
-                return Outcome("cancelled", duration_ms=ms_since(t0))
-            if ex.cancel_reason is not None:
-                return None
-            if current is not None and current.cancelling():
+                outcome = Outcome("cancelled", duration_ms=ms_since(t0))
+            elif ex.cancel_reason is not None:
+                outcome = None
+            elif current is not None and current.cancelling():
                 raise
-            # The handler cancelled itself: an error like any other (permanent).
-            error = asyncio.CancelledError("handler was cancelled")
-            return failed(error, start, settings, self._rng, t0)
+            else:  # the handler cancelled itself: an error like any other (permanent)
+                error = asyncio.CancelledError("handler was cancelled")
+                outcome = failed(error, start, settings, self._rng, t0)
         except LeaseLostError:
             ex.cancel_reason = "lost"
             return None
         except RescheduleError as exc:
-            return rescheduled(exc, t0)
+            outcome = rescheduled(exc, t0)
         except Exception as exc:
-            return failed(exc, start, settings, self._rng, t0)
-        return succeeded(result, t0, settings)
+            outcome = failed(exc, start, settings, self._rng, t0)
+        else:
+            outcome = succeeded(result, t0, settings)
+        if ex.job is not None and not ex.job.future.done():  # timed out or stopped: its thread
+            return await self._thread_ended(ex, ex.job, outcome)
+        return outcome
 
     async def _call(self, ex: Execution, call: Prepared) -> Any:
         """The handler task: the lease check, then the handler under its timeout. Nothing is
