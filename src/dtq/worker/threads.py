@@ -92,6 +92,8 @@ class ThreadRunner:
             return True
 
     def _work(self) -> None:
+        lock = self._lock
+        ident = threading.get_ident()
         while True:
             job = self._queue.get()
             if job is None:
@@ -100,32 +102,26 @@ class ThreadRunner:
             error: BaseException | None = None
             try:
                 try:
-                    self._begin(job)
+                    with lock:  # the job starts: from now on interrupt() raises in this thread
+                        if job.interrupted_by is not None:
+                            raise job.interrupted_by()
+                        job._ident = ident
+                        job._state = _RUNNING
                     result = job._call(*job._args)
                 finally:
-                    self._end(job)
+                    # Inside the outer try: an interrupt raised here (or just before) is the
+                    # job's one interrupt, caught below as its end. Once the job is marked
+                    # ended under the lock none can be sent, and one sent but not raised yet
+                    # is withdrawn: nothing is left for the pool's code or the next job.
+                    with lock:
+                        job._state = _DONE
+                        if job._sent:
+                            _set_async_exc(ident, None)
             except BaseException as exc:  # handed to the event loop, like run_in_executor
                 error = exc
             self._deliver(job.future, result, error)
-            with self._lock:
+            with lock:
                 self._busy -= 1
-
-    def _begin(self, job: ThreadJob) -> None:
-        with self._lock:
-            if job.interrupted_by is not None:
-                raise job.interrupted_by()
-            job._ident = threading.get_ident()
-            job._state = _RUNNING
-
-    def _end(self, job: ThreadJob) -> None:
-        # Called inside _work's try: an interrupt raised in here (or just before) is the job's
-        # one interrupt, caught there as the job's end. Once the job is marked ended under the
-        # lock no interrupt can be sent, and one sent but not raised yet is withdrawn, so
-        # nothing is left pending for the pool's own code or the next job.
-        with self._lock:
-            job._state = _DONE
-            if job._sent:
-                _set_async_exc(job._ident, None)
 
     def _deliver(self, fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
         def settle() -> None:
