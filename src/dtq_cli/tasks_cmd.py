@@ -268,16 +268,24 @@ async def history(ctx: Ctx) -> int:
 async def cancel(ctx: Ctx) -> int:
     """Not started: cancelled. Running: a cancellation request, accepted (exit 0)."""
     tid = ctx.args.task_id
+    overdue = False
     try:
         task = await ctx.q.cancel(tid, audit=ctx.audit())
         outcome = "cancelled"
-    except TaskRunningError:
+    except TaskRunningError as exc:
         task = await ctx.q.get(tid)
         outcome = "cancel_requested"
+        overdue = "overdue_attempt" in exc.details
     if ctx.json:
         ctx.out.json({"task_id": tid, "outcome": outcome, "task": task.public_dict()})
     elif outcome == "cancelled":
         ctx.out.line(f"Cancelled task {tid}.")
+    elif overdue:
+        ctx.out.line(
+            f"Task {tid} is running: cancellation requested, but its worker cannot stop it: "
+            "the thread of its sync handler did not stop when interrupted; the task ends when "
+            f"that thread returns or its worker restarts (check with: dtq status {tid})."
+        )
     else:
         ctx.out.line(
             f"Task {tid} is running: cancellation requested; its worker stops it "

@@ -14,7 +14,14 @@ can encode, or raise :class:`RetryableError`, :class:`PermanentError` or
 :class:`RescheduleError`. This package imports nothing of ``dtq.worker`` or ``dtq.api``.
 """
 
-from dtq_tasks.errors import HandlerError, PermanentError, RescheduleError, RetryableError
+from dtq_tasks.errors import (
+    HandlerError,
+    PermanentError,
+    RescheduleError,
+    RetryableError,
+    TaskCancelled,
+    TimeLimitExceeded,
+)
 from dtq_tasks.idempotency import idempotent_operation
 from dtq_tasks.modules import TaskModules, load_task_modules, load_task_types
 from dtq_tasks.registry import (
@@ -34,9 +41,11 @@ __all__ = [
     "PermanentError",
     "RescheduleError",
     "RetryableError",
+    "TaskCancelled",
     "TaskContext",
     "TaskModules",
     "TaskRegistrationError",
+    "TimeLimitExceeded",
     "get_handler",
     "idempotent_operation",
     "load_task_modules",

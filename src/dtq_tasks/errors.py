@@ -5,7 +5,17 @@
     HandlerError
     ├── RetryableError     try again after the backoff of contract section 4 (up to max_attempts)
     ├── PermanentError     never try again: dead letter (or FAILED when the DLQ is disabled)
-    └── RescheduleError    not an error: run again after ``delay_seconds`` (counts as an attempt)
+    ├── RescheduleError    not an error: run again after ``delay_seconds`` (counts as an attempt)
+    └── TaskCancelled      raised by the worker inside a sync handler's thread on a cancel
+
+    TimeoutError
+    └── TimeLimitExceeded  raised by the worker inside a sync handler's thread at its deadline
+
+The last two are not for handlers to raise: the worker raises them asynchronously in the thread
+of a sync handler (``PyThreadState_SetAsyncExc``, so at the handler's next Python bytecode, never
+inside C code), to stop it. A handler may catch them to clean up, and should then re-raise; one
+that swallows them keeps running, and its task stays RUNNING until it returns
+(docs/delivery-guarantees.md, "Sync handlers").
 
 Any other exception is classified by :func:`dtq.retry.classify`: timeouts and Redis connection
 errors are retryable, everything else is permanent (the contract: "never retry everything").
@@ -15,7 +25,14 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["HandlerError", "PermanentError", "RescheduleError", "RetryableError"]
+__all__ = [
+    "HandlerError",
+    "PermanentError",
+    "RescheduleError",
+    "RetryableError",
+    "TaskCancelled",
+    "TimeLimitExceeded",
+]
 
 
 class HandlerError(Exception):
@@ -55,6 +72,17 @@ class RescheduleError(HandlerError):
         self.extend_expiration_seconds = (
             None if extend_expiration_seconds is None else float(extend_expiration_seconds)
         )
+
+
+class TaskCancelled(HandlerError):
+    """Raised inside a sync handler's thread when its task's cancel was requested (or its
+    lease was lost to another worker): the run is over, its result would be discarded."""
+
+
+class TimeLimitExceeded(TimeoutError):
+    """Raised inside a sync handler's thread when it passed its ``timeout_ms`` (or the
+    worker's drain timeout at shutdown). A ``TimeoutError``: the attempt is recorded as a
+    timeout, retryable, as for an ``async`` handler."""
 
 
 def _finite_non_negative(value: object) -> bool:

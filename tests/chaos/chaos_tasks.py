@@ -138,7 +138,8 @@ async def chaos_hang(payload: dict[str, Any], ctx: TaskContext) -> None:
 @task("chaos_hang_sync")
 def chaos_hang_sync(payload: dict[str, Any], ctx: TaskContext) -> None:
     """A poison pill: a sync handler that blocks its thread ``hang_s`` seconds, far past its
-    timeout (Python cannot stop a thread: the worker abandons it and keeps its slot)."""
+    timeout (in C: the worker's interrupt is raised when the sleep returns, and the attempt is
+    recorded only then)."""
     ex = Execution(ctx, "hang_sync")
     time.sleep(float(payload.get("hang_s", 3)))
     ex.end("late")

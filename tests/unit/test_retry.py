@@ -14,7 +14,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dtq.config import Settings
 from dtq.retry import ERROR_MESSAGE_MAX, PayloadDecodeError, classify, next_retry_delay_s, sanitize
-from dtq_tasks import PermanentError, RescheduleError, RetryableError
+from dtq_tasks import (
+    PermanentError,
+    RescheduleError,
+    RetryableError,
+    TaskCancelled,
+    TimeLimitExceeded,
+)
 
 
 class FixedRng(random.Random):
@@ -84,6 +90,10 @@ def _validation_error() -> ValidationError:
         (KeyError("k"), False, "KeyError"),
         (ValueError("v"), False, "ValueError"),
         (RetryableError("x" * (ERROR_MESSAGE_MAX + 1)), False, "RetryableError"),
+        # The interrupts the worker raises in a sync handler's thread; the attempt itself is
+        # recorded from the deadline or the cancel, whatever the thread ends with.
+        (TimeLimitExceeded(), True, "TimeLimitExceeded"),
+        (TaskCancelled(), False, "TaskCancelled"),
     ],
 )
 def test_classify(exc: BaseException, retryable: bool, error_class: str) -> None:

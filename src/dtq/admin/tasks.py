@@ -48,6 +48,21 @@ async def cancel(
     if reply.kind == "cancelled":
         return reply.status
     if reply.kind == "requested":
+        # A sync handler's thread that did not stop when interrupted is named by its worker
+        # (docs/delivery-guarantees.md, "Sync handlers"): the worker cannot stop it.
+        attempt, overdue = cast(
+            list[str | None],
+            await store.redis.hmget(keys.task(task_id), "attempt", "overdue_attempt"),
+        )
+        if attempt is not None and overdue == attempt:
+            raise TaskRunningError(
+                f"task {task_id} is running and its worker cannot stop it: the thread of its "
+                f"sync handler (attempt {attempt}) did not stop when interrupted; cancellation "
+                "requested, the task ends when that thread returns or its worker restarts",
+                task_id=task_id,
+                status=TaskStatus.RUNNING.value,
+                overdue_attempt=int(attempt),
+            )
         raise TaskRunningError(
             f"task {task_id} is running: cancellation requested, the worker stops it",
             task_id=task_id,

@@ -21,7 +21,7 @@ Beside the path: ``heartbeat.py`` (its own thread: touch.lua and the worker hash
 sweep, stale workers, idle consumers and idle queues), ``observer.py`` (the lifecycle events
 and their hooks), ``telemetry.py`` (metrics and logs as observers), ``outage.py`` (the one
 "Redis unavailable" reporter), ``supervisor.py`` (``--processes``), ``connection.py`` (the
-Redis client).
+Redis client), ``threads.py`` (the threads of sync handlers, and their interrupts).
 """
 
 from dtq.worker.main import run_worker

@@ -35,9 +35,10 @@ from dtq.config import Settings
 from dtq.log import bind as bind_log_fields
 from dtq.store import Store
 from dtq.worker.finish import Finisher
-from dtq.worker.handlers import Execution, Runner, ThreadRunner
+from dtq.worker.handlers import Execution, Runner
 from dtq.worker.observer import TaskStarted, WorkerObserver
 from dtq.worker.outage import TRANSIENT, RedisOutage
+from dtq.worker.threads import ThreadRunner
 from dtq_tasks import Handler
 
 __all__ = ["Capacity", "Executor", "wait_first"]
@@ -290,7 +291,11 @@ class Executor:
     # -- cancellation and lost leases -----------------------------------------------------------
 
     async def check_cancellations(self) -> int:
-        running = [ex for ex in self.inflight.values() if not ex.finishing and not ex.cancel_reason]
+        running = [
+            ex
+            for ex in self.inflight.values()
+            if not ex.finishing and not ex.cancel_reason and not ex.cancel_noted
+        ]
         if not running:
             return 0
         pipe = self.redis.pipeline(transaction=False)
@@ -305,6 +310,18 @@ class Executor:
                     ex.attempt,
                 )
                 cancelled += 1
+            elif flag == "1" and ex.thread_wait is not None:
+                ex.cancel_noted = True
+                log.warning(
+                    "task %s attempt %d: cancel requested after its sync handler timed out; its "
+                    "thread %s: the task is recorded (CANCELLED unless its attempts are used up) "
+                    "only once the thread has ended",
+                    ex.entry.task_id,
+                    ex.attempt,
+                    "did not stop when interrupted and still runs"
+                    if ex.overdue
+                    else "was interrupted and is stopping",
+                )
         return cancelled
 
     def on_lost(self, entry_ids: list[str]) -> None:

@@ -8,28 +8,31 @@ handler's model); the handler task, which checks the lease right before the hand
 records it (:func:`succeeded`, :func:`rescheduled`, :func:`failed`: an
 :class:`~dtq.calls.Outcome`, errors classified by :mod:`dtq.retry`).
 
-Sync handlers run on the daemon threads of a :class:`ThreadRunner` (GIL-bound; CPU-heavy work
-wants several processes). A thread that timed out or was cancelled runs on: Python cannot stop
-it, so :attr:`Execution.thread` stays pending, and the executor gives the slot back only when
-it returns; concurrency stays bounded.
+Sync handlers run on the daemon threads of a :class:`~dtq.worker.threads.ThreadRunner`
+(GIL-bound; CPU-heavy work wants several processes). One that passes its ``timeout_ms`` is
+interrupted: an asynchronous exception (:class:`~dtq_tasks.TimeLimitExceeded`;
+:class:`~dtq_tasks.TaskCancelled` for a cancel) is raised in its thread, at its next Python
+bytecode. The attempt's end is recorded only once the thread has ended, so its next attempt
+never starts while it still runs: meanwhile the entry stays in flight (the heartbeat renews it,
+no peer reclaims it) and the slot stays taken. A thread still running ``INTERRUPT_GRACE_S``
+after its interrupt (C code that does not return to the interpreter, or a handler that
+swallows the exception) is logged once; its task stays RUNNING until it returns. At shutdown
+the wait is bounded: the worker leaves the entry for a peer (a crash redelivery). See
+docs/delivery-guarantees.md, "Sync handlers".
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import json
 import logging
-import queue
 import random
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dtq import calls
+from dtq import calls, keys
 from dtq.calls import Entry, Outcome, StartReply
 from dtq.clock import RedisClock
 from dtq.config import Settings
@@ -37,13 +40,14 @@ from dtq.models import compact_json
 from dtq.retry import PayloadDecodeError, classify, next_retry_delay_s, sanitize
 from dtq.store import Store, ms_to_dt
 from dtq.worker.outage import TRANSIENT
-from dtq_tasks import Handler, RescheduleError, TaskContext
+from dtq.worker.threads import ThreadJob, ThreadRunner
+from dtq_tasks import Handler, RescheduleError, TaskCancelled, TaskContext, TimeLimitExceeded
 
 __all__ = [
+    "INTERRUPT_GRACE_S",
     "Execution",
     "Prepared",
     "Runner",
-    "ThreadRunner",
     "failed",
     "ms_since",
     "prepare",
@@ -53,6 +57,10 @@ __all__ = [
 
 log = logging.getLogger("dtq.worker.worker")
 
+INTERRUPT_GRACE_S = 2.0
+"""How long an interrupted sync handler's thread may take to end before it is reported (and,
+at shutdown, before the worker stops waiting for it)."""
+
 
 @dataclass(eq=False)
 class Execution:
@@ -60,8 +68,10 @@ class Execution:
 
     ``cancel_reason``: ``user`` (a cancel request: finished CANCELLED), ``shutdown`` (the drain
     timeout passed) or ``lost`` (another worker holds the entry): the last two write nothing
-    and leave the entry pending for a peer. ``thread``: a sync handler's, done once it has
-    returned.
+    and leave the entry pending for a peer. ``job``: a sync handler's call on its thread.
+    ``thread_wait``: set while the handler has ended (timed out, cancelled) but its thread still
+    runs, so the finish waits; ``overdue``: that thread outlived its interrupt by
+    :data:`INTERRUPT_GRACE_S`.
     """
 
     entry: Entry
@@ -70,15 +80,36 @@ class Execution:
     cancel_reason: str | None = None
     finishing: bool = False
     handler_started: bool = False  # the lease check passed and the handler was called
-    thread: asyncio.Future[Any] | None = None
+    job: ThreadJob | None = None
+    thread_wait: asyncio.Event | None = None
+    overdue: bool = False
+    cancel_noted: bool = False  # a cancel request met a timed-out thread: logged once
 
     @property
     def attempt(self) -> int:
         return self.start.attempt
 
+    @property
+    def thread(self) -> asyncio.Future[Any] | None:
+        """A sync handler's result: done once its thread has returned."""
+        return None if self.job is None else self.job.future
+
     def cancel(self, reason: str) -> bool:
-        """Stop the handler (not the bookkeeping); False when it is past that point."""
-        if self.finishing or self.cancel_reason is not None:
+        """Stop the handler (not the bookkeeping); False when it is past that point.
+
+        While the finish waits for a timed-out handler's thread, a shutdown or a lost lease
+        stops the waiting (nothing is recorded); a user's cancel does not: the attempt's end
+        is decided, and finish.lua makes a retry of a task whose cancel was requested
+        CANCELLED."""
+        if self.finishing:
+            return False
+        if self.thread_wait is not None:
+            if reason == "user" or self.thread_wait.is_set():
+                return False
+            self.cancel_reason = reason
+            self.thread_wait.set()
+            return True
+        if self.cancel_reason is not None:
             return False
         if self.handler_task is not None and self.handler_task.done():
             return False  # the handler has ended: its outcome is about to be recorded
@@ -127,27 +158,32 @@ class Runner:
         ex.handler_task = asyncio.create_task(self._call(ex, call))
         if ex.cancel_reason is not None:  # cancelled before the handler got going
             ex.handler_task.cancel()
+        outcome: Outcome | None
         try:
             result = await ex.handler_task
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if ex.cancel_reason == "user":
-                return Outcome("cancelled", duration_ms=ms_since(t0))
-            if ex.cancel_reason is not None:
-                return None
-            if current is not None and current.cancelling():
+                outcome = Outcome("cancelled", duration_ms=ms_since(t0))
+            elif ex.cancel_reason is not None:
+                outcome = None
+            elif current is not None and current.cancelling():
                 raise
-            # The handler cancelled itself: an error like any other (permanent).
-            error = asyncio.CancelledError("handler was cancelled")
-            return failed(error, start, settings, self._rng, t0)
+            else:  # the handler cancelled itself: an error like any other (permanent)
+                error = asyncio.CancelledError("handler was cancelled")
+                outcome = failed(error, start, settings, self._rng, t0)
         except LeaseLostError:
             ex.cancel_reason = "lost"
             return None
         except RescheduleError as exc:
-            return rescheduled(exc, t0)
+            outcome = rescheduled(exc, t0)
         except Exception as exc:
-            return failed(exc, start, settings, self._rng, t0)
-        return succeeded(result, t0, settings)
+            outcome = failed(exc, start, settings, self._rng, t0)
+        else:
+            outcome = succeeded(result, t0, settings)
+        if ex.job is not None and not ex.job.future.done():  # timed out or stopped: its thread
+            return await self._thread_ended(ex, ex.job, outcome)
+        return outcome
 
     async def _call(self, ex: Execution, call: Prepared) -> Any:
         """The handler task: the lease check, then the handler under its timeout. Nothing is
@@ -160,10 +196,64 @@ class Runner:
         if handler.is_async:
             async with asyncio.timeout(call.timeout_s):
                 return await handler.fn(call.payload, call.ctx)
-        ex.thread = fut = self.threads.submit(handler.fn, call.payload, call.ctx)
-        fut.add_done_callback(_retrieve)
+        ex.job = job = self.threads.submit(handler.fn, call.payload, call.ctx)
+        job.future.add_done_callback(_retrieve)
         async with asyncio.timeout(call.timeout_s):
-            return await asyncio.shield(fut)
+            return await asyncio.shield(job.future)
+
+    async def _thread_ended(
+        self, ex: Execution, job: ThreadJob, outcome: Outcome | None
+    ) -> Outcome | None:
+        """The handler ended (timed out, cancelled) while its thread still runs: interrupt it,
+        then wait until it has ended before ``outcome`` is recorded, the entry renewed by the
+        heartbeat meanwhile. A lost lease does not wait (the entry is another worker's); a
+        shutdown waits :data:`INTERRUPT_GRACE_S` at most and records nothing (a peer takes the
+        entry over). The slot comes back when the thread returns (the executor's release)."""
+        reason = ex.cancel_reason
+        self.threads.interrupt(
+            job, TimeLimitExceeded if reason in (None, "shutdown") else TaskCancelled
+        )
+        if reason == "lost":
+            return None
+        if reason == "shutdown":
+            await asyncio.wait({job.future}, timeout=INTERRUPT_GRACE_S)
+            return None
+        ex.thread_wait = stop = asyncio.Event()
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            waits: set[asyncio.Future[Any]] = {job.future, stopped}
+            await asyncio.wait(
+                waits, timeout=INTERRUPT_GRACE_S, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not job.future.done() and not stop.is_set():
+                ex.overdue = True
+                log.warning(
+                    "task %s attempt %d: its sync handler's thread still runs %.1fs after it was "
+                    "interrupted (%s); the task stays RUNNING, owned by this worker, until the "
+                    "thread returns (code that never returns to the interpreter cannot be "
+                    "interrupted)",
+                    ex.entry.task_id,
+                    ex.attempt,
+                    INTERRUPT_GRACE_S,
+                    "cancel requested" if reason == "user" else "timeout_ms passed",
+                )
+                await self._note_overdue(ex)
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if ex.cancel_reason != reason:
+            return None  # shutdown or lost lease while waiting: left for a peer
+        return outcome
+
+    async def _note_overdue(self, ex: Execution) -> None:
+        """Tell a canceller that this attempt's thread did not stop: ``overdue_attempt`` in the
+        task hash (cancel says so while it names the running attempt). Best effort."""
+        try:
+            await self.store.redis.hset(
+                keys.task(ex.entry.task_id), "overdue_attempt", str(ex.attempt)
+            )
+        except TRANSIENT as exc:
+            log.debug("task %s: overdue_attempt not written: %s", ex.entry.task_id, exc)
 
     async def _lease_held(self, ex: Execution) -> bool:
         """Right before a handler starts: is the lease still this worker's? start.lua renewed
@@ -310,66 +400,3 @@ def failed(
 
 def ms_since(t0: float) -> int:
     return round((time.monotonic() - t0) * 1000)
-
-
-_Job = tuple[asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]]
-
-
-class ThreadRunner:
-    """A small pool of daemon threads bridged to asyncio futures (at most ``size`` threads).
-    Each result goes back to the event loop its :meth:`submit` was called on."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._busy = 0
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        with self._lock:
-            self._busy += 1
-            if self._busy > len(self._threads) and len(self._threads) < self._size:
-                t = threading.Thread(
-                    target=self._work, name=f"dtq-handler-{len(self._threads)}", daemon=True
-                )
-                self._threads.append(t)
-                t.start()
-        # The handler sees the context of its execution (log fields bound by the worker).
-        self._queue.put((fut, contextvars.copy_context().run, (fn, *args)))
-        return fut
-
-    def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fut, fn, args = item
-            try:
-                result = fn(*args)
-            except BaseException as exc:  # handed to the event loop, like run_in_executor
-                self._deliver(fut, None, exc)
-            else:
-                self._deliver(fut, result, None)
-            finally:
-                with self._lock:
-                    self._busy -= 1
-
-    def _deliver(self, fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-        def settle() -> None:
-            if fut.done():
-                return
-            if exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)
-
-        # RuntimeError: the loop has closed, the worker is gone and nobody waits for this.
-        with contextlib.suppress(RuntimeError):
-            fut.get_loop().call_soon_threadsafe(settle)
-
-    def shutdown(self) -> None:
-        """Let idle threads end; busy ones are daemons and end with the process."""
-        for _ in self._threads:
-            self._queue.put(None)
