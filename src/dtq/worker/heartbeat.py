@@ -178,7 +178,15 @@ class Heartbeat:
         if not owned:
             return
         assert self._redis is not None
-        lost = calls.touch_blocking(self._redis, self.scripts, self.worker_id, owned)
+        lost, deleted = calls.touch_blocking(self._redis, self.scripts, self.worker_id, owned)
+        if deleted:
+            # Removed outside dtq: the handler goes on, finish.lua records it on the task hash.
+            log.warning(
+                "worker %s: entries %s were removed from their stream while running: their "
+                "tasks run on and finish (docs/delivery-guarantees.md)",
+                self.worker_id,
+                ", ".join(deleted),
+            )
         if lost and self._loop is not None:
             # Most are entries finished between the snapshot and the touch; the worker keeps
             # (and logs) only those still running here.
