@@ -539,28 +539,33 @@ async def finish_many(db: Backend, calls: Sequence[Call]) -> list[FinishReply | 
 # -- touch.lua ----------------------------------------------------------------------------------
 
 
-def _touch_args(worker_id: str, owned: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
+def _touch_args(
+    worker_id: str, owned: Sequence[tuple[str, str, str]]
+) -> tuple[list[str], list[str]]:
     return (
-        [stream for stream, _ in owned],
-        [keys.CONSUMER_GROUP, worker_id, *(entry_id for _, entry_id in owned)],
+        [k for stream, _, task_id in owned for k in (stream, keys.task(task_id))],
+        [keys.CONSUMER_GROUP, worker_id, *(entry_id for _, entry_id, _ in owned)],
     )
 
 
-async def touch(db: Backend, worker_id: str, owned: Sequence[tuple[str, str]]) -> list[str]:
-    """touch.lua: renew the leases of ``owned`` ((stream, entry id) pairs) where this worker
-    still owns them; returns the entry ids it no longer owns. An entry gone from its stream is
-    not lost (touch.lua's header): its task hash is the lease from then on."""
+async def touch(db: Backend, worker_id: str, owned: Sequence[tuple[str, str, str]]) -> list[str]:
+    """touch.lua: renew the leases of ``owned`` ((stream, entry id, task id) triples) where this
+    worker still owns them; returns the entry ids it no longer holds. An entry removed from its
+    stream whose task hash still names this worker is not lost (touch.lua's header)."""
     key_list, argv = _touch_args(worker_id, owned)
     lost, _ = await db.scripts.call(db.redis, "touch", key_list, argv)
     return [owned[int(i) - 1][1] for i in lost]
 
 
 def touch_blocking(
-    client: redis_sync.Redis, scripts: Scripts, worker_id: str, owned: Sequence[tuple[str, str]]
+    client: redis_sync.Redis,
+    scripts: Scripts,
+    worker_id: str,
+    owned: Sequence[tuple[str, str, str]],
 ) -> tuple[list[str], list[str]]:
     """touch.lua as :func:`touch` does, from the heartbeat's thread with its own synchronous
     client (so a handler that blocks the event loop cannot stop the heartbeat). Returns the
-    entry ids this worker no longer owns, and those it owned that were found gone from their
+    entry ids this worker no longer holds, and those it owned that were found gone from their
     stream (removed outside dtq; each reported once)."""
     key_list, argv = _touch_args(worker_id, owned)
     sha = scripts.sha["touch"]

@@ -24,7 +24,7 @@ import pytest
 from redis.asyncio import Redis
 
 from dtq import Queue, keys
-from dtq.calls import Outcome
+from dtq.calls import Outcome, touch
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from dtq.errors import TaskRunningError
@@ -301,3 +301,33 @@ async def test_a_dead_workers_running_entry_on_a_paused_queue_is_recovered(
     assert job.runs == ([] if cancel else [(task.task_id, 2)])
     assert done["attempt"] == ("1" if cancel else "2")
     assert (await r.hgetall(keys.task(waiting.task_id)))["status"] == "queued"
+
+
+async def test_an_entry_a_peer_took_over_and_finished_is_lost_to_the_zombie(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    """Gone from its stream is not enough to keep a lease: a peer reclaimed the entry of a
+    stalled worker and finished the task (acknowledged and deleted it). The stalled worker's
+    touch reports it lost, so its handler is stopped; touch of an entry removed while the hash
+    still names the worker does not."""
+    task = await queue.submit("rm_job", {})
+    entry = await read_as(r, DEAD)
+    await start_as(r, entry, DEAD, settings)
+    await r.xclaim(STREAM, keys.CONSUMER_GROUP, "worker-peer0000", 0, [entry.entry_id])
+    taken = await start_as(r, entry, "worker-peer0000", settings)
+    assert taken.attempt == 2
+    assert (await finish_as(r, entry, 2, SUCCESS, "worker-peer0000", settings)).status == (
+        "succeeded"
+    )
+    owned = [(STREAM, entry.entry_id, task.task_id)]
+    assert await touch(queue.store, DEAD, owned) == [entry.entry_id]
+
+    running = await queue.submit("rm_job", {})
+    mine = await read_as(r, DEAD)
+    await start_as(r, mine, DEAD, settings)
+    await r.xdel(STREAM, mine.entry_id)
+    owned = [(STREAM, mine.entry_id, running.task_id)]
+    assert await touch(queue.store, DEAD, owned) == []  # acknowledged now
+    assert not await _pending(r, STREAM, mine.entry_id)
+    assert await touch(queue.store, DEAD, owned) == []  # and still held on the hash
+    assert await touch(queue.store, "worker-other", owned) == [mine.entry_id]

@@ -50,10 +50,10 @@ AT_RISK_FRACTION = 0.8
 
 
 class Heartbeat:
-    """The heartbeat thread of one worker. ``snapshot()`` returns the (stream, entry id) pairs
-    in flight and ``stats()`` the worker hash's changing fields (both called on the heartbeat
-    thread); ``on_lost`` receives entry ids this worker no longer owns, called on the event
-    loop given to :meth:`start`."""
+    """The heartbeat thread of one worker. ``snapshot()`` returns the (stream, entry id, task
+    id) of each entry in flight and ``stats()`` the worker hash's changing fields (both called
+    on the heartbeat thread); ``on_lost`` receives entry ids this worker no longer owns,
+    called on the event loop given to :meth:`start`."""
 
     def __init__(
         self,
@@ -63,7 +63,7 @@ class Heartbeat:
         queues: Sequence[str],
         concurrency: int,
         clock: RedisClock,
-        snapshot: Callable[[], list[tuple[str, str]]],
+        snapshot: Callable[[], list[tuple[str, str, str]]],
         stats: Callable[[], dict[str, Any]],
         on_lost: Callable[[list[str]], None],
         outage: RedisOutage | None = None,
