@@ -46,6 +46,7 @@ __all__ = [
     "Entry",
     "ExpireReply",
     "FinishReply",
+    "LostEntry",
     "Outcome",
     "PromoteReply",
     "PurgeCandidate",
@@ -73,6 +74,7 @@ __all__ = [
     "promote_many",
     "purge_queue",
     "read",
+    "recover_many",
     "remove_queue",
     "set_paused",
     "start_many",
@@ -547,34 +549,42 @@ async def finish_many(db: Backend, calls: Sequence[Call]) -> list[FinishReply | 
 # -- touch.lua ----------------------------------------------------------------------------------
 
 
-def _touch_args(worker_id: str, owned: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
+def _touch_args(
+    worker_id: str, owned: Sequence[tuple[str, str, str]]
+) -> tuple[list[str], list[str]]:
     return (
-        [stream for stream, _ in owned],
-        [keys.CONSUMER_GROUP, worker_id, *(entry_id for _, entry_id in owned)],
+        [k for stream, _, task_id in owned for k in (stream, keys.task(task_id))],
+        [keys.CONSUMER_GROUP, worker_id, *(entry_id for _, entry_id, _ in owned)],
     )
 
 
-async def touch(db: Backend, worker_id: str, owned: Sequence[tuple[str, str]]) -> list[str]:
-    """touch.lua: renew the leases of ``owned`` ((stream, entry id) pairs) where this worker
-    still owns them; returns the entry ids it no longer owns."""
+async def touch(db: Backend, worker_id: str, owned: Sequence[tuple[str, str, str]]) -> list[str]:
+    """touch.lua: renew the leases of ``owned`` ((stream, entry id, task id) triples) where this
+    worker still owns them; returns the entry ids it no longer holds. An entry removed from its
+    stream whose task hash still names this worker is not lost (touch.lua's header)."""
     key_list, argv = _touch_args(worker_id, owned)
-    lost = await db.scripts.call(db.redis, "touch", key_list, argv)
+    lost, _ = await db.scripts.call(db.redis, "touch", key_list, argv)
     return [owned[int(i) - 1][1] for i in lost]
 
 
 def touch_blocking(
-    client: redis_sync.Redis, scripts: Scripts, worker_id: str, owned: Sequence[tuple[str, str]]
-) -> list[str]:
+    client: redis_sync.Redis,
+    scripts: Scripts,
+    worker_id: str,
+    owned: Sequence[tuple[str, str, str]],
+) -> tuple[list[str], list[str]]:
     """touch.lua as :func:`touch` does, from the heartbeat's thread with its own synchronous
-    client (so a handler that blocks the event loop cannot stop the heartbeat)."""
+    client (so a handler that blocks the event loop cannot stop the heartbeat). Returns the
+    entry ids this worker no longer holds, and those it owned that were found gone from their
+    stream (removed outside dtq; each reported once)."""
     key_list, argv = _touch_args(worker_id, owned)
     sha = scripts.sha["touch"]
     try:
-        lost = client.evalsha(sha, len(key_list), *key_list, *argv)
+        lost, deleted = client.evalsha(sha, len(key_list), *key_list, *argv)
     except NoScriptError:
         client.script_load(scripts.source["touch"])
-        lost = client.evalsha(sha, len(key_list), *key_list, *argv)
-    return [owned[int(i) - 1][1] for i in lost]
+        lost, deleted = client.evalsha(sha, len(key_list), *key_list, *argv)
+    return [owned[int(i) - 1][1] for i in lost], [owned[int(i) - 1][1] for i in deleted]
 
 
 # -- adopt.lua ----------------------------------------------------------------------------------
@@ -1026,5 +1036,45 @@ async def remove_queue(
     ]
     return [
         r if isinstance(r, Exception) else RemoveQueueReply(r[0], str(r[1]) if len(r) > 1 else "")
+        for r in await db.scripts.call_many(db.redis, calls)
+    ]
+
+
+# -- recover.lua --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LostEntry:
+    """A task whose entry its hash names was found gone from its stream: what recover.lua
+    needs (the hash's queue, priority, entry id and worker id)."""
+
+    task_id: str
+    queue: str
+    priority: int
+    entry_id: str
+    worker_id: str = ""
+
+
+async def recover_many(db: Backend, lost: Sequence[LostEntry]) -> list[list[str] | Exception]:
+    """recover.lua for each lost entry, in one round trip: a new entry for its task when the
+    script finds it still lost (and a running task's worker not alive). The reply of each,
+    ``["requeued", status, new entry id]`` or ``["skip", why]``, or its error, in order."""
+    calls: list[Call] = [
+        (
+            "recover",
+            [
+                keys.task(one.task_id),
+                keys.history(one.task_id),
+                keys.stream(one.queue, one.priority),
+                keys.worker(one.worker_id or "-"),
+                keys.QUEUES,
+                keys.payload(one.task_id),
+            ],
+            [one.task_id, one.entry_id, keys.CONSUMER_GROUP, one.worker_id, keys.EVENTS, new_id()],
+        )
+        for one in lost
+    ]
+    return [
+        r if isinstance(r, Exception) else [str(x) for x in r]
         for r in await db.scripts.call_many(db.redis, calls)
     ]

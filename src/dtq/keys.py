@@ -20,6 +20,7 @@ __all__ = [
     "RETRY_CLAIMED",
     "RETRY_SCHEDULE",
     "SCHEDULER_LOCK",
+    "TASK_MATCH",
     "WORKERS",
     "history",
     "idempotency",
@@ -32,6 +33,7 @@ __all__ = [
     "stream",
     "stream_queue",
     "task",
+    "task_id_of",
     "worker",
 ]
 
@@ -69,6 +71,16 @@ def stream_queue(stream_key: str) -> tuple[str, int]:
 
 def task(task_id: str) -> str:
     return f"dtq:task:{task_id}"
+
+
+TASK_MATCH = "dtq:task:*"
+"""SCAN pattern of the task hashes (with ``TYPE hash``: a task's history and an older dtq's
+payload key match it too)."""
+
+
+def task_id_of(task_key: str) -> str:
+    """Inverse of :func:`task`: ``dtq:task:<task_id>`` -> the task id."""
+    return task_key[len("dtq:task:") :]
 
 
 def history(task_id: str) -> str:

@@ -136,10 +136,13 @@ TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
 
 # History entries beyond the contract's table, each deliberate: an operator's DLQ requeue, the one
 # documented way out of a terminal state (DEAD_LETTERED -> QUEUED, docs/operations-admin.md), and
-# two entries that record a step without a change of status: a crash redelivery's new attempt
-# (RUNNING -> RUNNING, reason `redelivered`) and a DLQ discard or purge (DEAD_LETTERED ->
-# DEAD_LETTERED). No status change other than TRANSITIONS and the requeue is ever written.
+# entries that record a step without a change of status: a crash redelivery's new attempt
+# (RUNNING -> RUNNING, reason `redelivered`), a new entry for a task whose entry was removed
+# outside dtq (QUEUED -> QUEUED and RUNNING -> RUNNING, reason `entry_lost`) and a DLQ discard or
+# purge (DEAD_LETTERED -> DEAD_LETTERED). No status change other than TRANSITIONS and the
+# requeue is ever written.
 HISTORY_EXTENSIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
+    S.QUEUED: frozenset({S.QUEUED}),
     S.RUNNING: frozenset({S.RUNNING}),
     S.DEAD_LETTERED: frozenset({S.QUEUED, S.DEAD_LETTERED}),
 }

@@ -49,6 +49,7 @@ SCRIPT_NAMES = (
     "lock",
     "drop_consumers",
     "remove_queue",
+    "recover",
 )
 
 Call = tuple[str, Sequence[str], Sequence[Any]]

@@ -219,7 +219,8 @@ class DeliveryMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(sorted(n for n, c in self.consumers.items() if c.running)))
         c = self.consumers[name]
         owned = list(c.running)
-        lost = set(self.run(touch(self.store, name, owned)))
+        triples = [(stream, eid, c.running[(stream, eid)][0].task_id) for stream, eid in owned]
+        lost = set(self.run(touch(self.store, name, triples)))
         for key in owned:  # the worker stops those handlers and forgets them
             if key[1] in lost:
                 c.running.pop(key, None)

@@ -160,6 +160,17 @@ async def start_expired_path(q: Queue, r: Redis, settings: Settings) -> list[str
     return [task.task_id]
 
 
+async def removed_entry_path(q: Queue, r: Redis, settings: Settings) -> list[str]:
+    """A queued task whose entry was deleted by hand: the leader's pass gives it a new entry
+    (QUEUED -> QUEUED), and it runs."""
+    task = await q.submit("tr_ok", queue="tr-lost")
+    entry_id = await r.hget(keys.task(task.task_id), "entry_id")
+    await r.xdel(keys.stream("tr-lost", task.priority), entry_id)
+    async with running_worker(fast(settings), WORKER_HANDLERS, queues=("tr-lost",)):
+        await wait_status(r, task.task_id, "succeeded")
+    return [task.task_id]
+
+
 async def no_dlq_path(q: Queue, r: Redis, settings: Settings) -> list[str]:
     """finish with the DLQ disabled: FAILED."""
     task = await q.submit("tr_perm", queue="tr-nodlq")
@@ -211,6 +222,7 @@ async def test_every_history_step_is_in_the_table_and_every_pair_is_written(
     ids += await worker_paths(queue, r, settings)
     ids += await start_expired_path(queue, r, settings)
     ids += await no_dlq_path(queue, r, settings)
+    ids += await removed_entry_path(queue, r, settings)
     ids += await crash_paths(queue, r, settings, spawn)
 
     allowed = table_pairs()

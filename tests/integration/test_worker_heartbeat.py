@@ -105,7 +105,7 @@ async def test_touch_renews_only_owned_entries(settings: Settings, r: Redis, que
 
     await wait_until(idle_50ms, 2, "idle entry")
     db = backend(r, settings)
-    owned = [(stream, entry.entry_id)]
+    owned = [(stream, entry.entry_id, entry.task_id)]
     assert await touch(db, "worker-thief000", owned) == [entry.entry_id]  # not owned: lost
     [p] = await r.xpending_range(stream, keys.CONSUMER_GROUP, "-", "+", 10)
     assert p["consumer"] == "worker-owner000" and p["times_delivered"] == 1
@@ -115,8 +115,14 @@ async def test_touch_renews_only_owned_entries(settings: Settings, r: Redis, que
     assert p["consumer"] == "worker-owner000"
     assert p["times_delivered"] == 1  # JUSTID: the delivery counter is not bumped
     assert p["time_since_delivered"] < 40
-    # A stream or entry that is gone is lost too, without an error.
-    assert await touch(db, "worker-owner000", [("dtq:stream:nope:p1", "1-1")]) == ["1-1"]
+    # A stream or entry that is gone is lost, without an error, unless the task hash still
+    # says this worker runs that entry (removed outside dtq: the hash is the lease then).
+    gone = [("dtq:stream:nope:p1", "1-1", entry.task_id)]
+    assert await touch(db, "worker-owner000", gone) == ["1-1"]
+    await r.hset(keys.task(entry.task_id), mapping={"status": "running", "entry_id": "1-1"})
+    await r.hset(keys.task(entry.task_id), "worker_id", "worker-owner000")
+    assert await touch(db, "worker-owner000", gone) == []
+    assert await touch(db, "worker-thief000", gone) == ["1-1"]
 
 
 async def test_long_task_keeps_its_lease_past_the_visibility_timeout(

@@ -5,6 +5,10 @@
 -- and the hash must still be RUNNING this entry at this attempt. Otherwise this worker's lease
 -- was taken over (it was paused, cut off or too slow): nothing is written and nothing is
 -- acknowledged, so a zombie never ACKs an entry another worker runs. Returns {"fenced", why}.
+-- An entry removed from its stream outside dtq (XDEL, XTRIM, the stream deleted) is no longer
+-- pending on Redis 7 (its next XCLAIM drops it; touch.lua acknowledges it on every version):
+-- then the hash is the lease, and it must name this worker too. An entry not pending that is
+-- still in the stream is fenced as before.
 --
 -- Outcomes (ARGV[6]):
 --   success     SUCCEEDED; the result JSON goes to dtq:result:<id> (EX result retention) unless
@@ -21,7 +25,7 @@
 -- A retry or reschedule of a task whose cancel was requested meanwhile is CANCELLED instead.
 -- Always: finished_at, duration_ms, worker_id, error_class, error_message, retryable; the hash
 -- and history get the retention (a terminal state) or no TTL (RETRYING; DESIGN 11); history
--- entry; event; XACK + XDEL.
+-- entry; event; XACK + XDEL (of an entry still pending).
 --
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = the entry's stream
 -- KEYS[4] = dtq:retry:schedule   KEYS[5] = dtq:expiry
@@ -39,15 +43,23 @@ local task_id, entry_id, worker, group = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local attempt = tonumber(ARGV[5])
 local outcome = ARGV[6]
 
-local p = redis.call('XPENDING', KEYS[3], group, entry_id, entry_id, 1)
-if #p == 0 then return {'fenced', 'not_pending'} end
-if p[1][2] ~= worker then return {'fenced', 'owner:' .. p[1][2]} end
+local p = redis.pcall('XPENDING', KEYS[3], group, entry_id, entry_id, 1)
+local deleted = p.err ~= nil or #p == 0
+if deleted then
+  -- pcall: a stream deleted with its group (NOGROUP) holds the entry no more.
+  if #redis.call('XRANGE', KEYS[3], entry_id, entry_id, 'COUNT', 1) > 0 then
+    return {'fenced', 'not_pending'}
+  end
+elseif p[1][2] ~= worker then
+  return {'fenced', 'owner:' .. p[1][2]}
+end
 local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'attempt', 'max_attempts',
-  'queue', 'task_type', 'idempotency_key', 'expires_at_ms', 'cancel_requested')
+  'queue', 'task_type', 'idempotency_key', 'expires_at_ms', 'cancel_requested', 'worker_id')
 if not h[1] then return {'fenced', 'missing'} end
 if h[1] ~= 'running' then return {'fenced', 'status:' .. h[1]} end
 if h[2] ~= entry_id then return {'fenced', 'entry'} end
 if tonumber(h[3]) ~= attempt then return {'fenced', 'attempt'} end
+if deleted and h[10] ~= worker then return {'fenced', 'not_pending'} end
 
 local now = now_ms()
 local ts = iso(now)
@@ -152,8 +164,10 @@ end
 if to == 'retrying' then retention = nil end
 redis.call('HSET', KEYS[1], unpack(fields))
 if retention then retain(KEYS[1], KEYS[10], retention) else persist(KEYS[1], KEYS[10]) end
-redis.call('XACK', KEYS[3], group, entry_id)
-redis.call('XDEL', KEYS[3], entry_id)
+if not deleted then
+  redis.call('XACK', KEYS[3], group, entry_id)
+  redis.call('XDEL', KEYS[3], entry_id)
+end
 redis.call('SREM', KEYS[9], task_id)
 if to ~= 'retrying' then redis.call('ZREM', KEYS[5], task_id) end
 local reason = outcome

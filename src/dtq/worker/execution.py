@@ -337,9 +337,12 @@ class Executor:
                     else "handler not started: not run here",
                 )
 
-    def snapshot(self) -> list[tuple[str, str]]:
-        """(stream, entry id) of every execution in flight (the heartbeat's touch)."""
-        return [(ex.entry.stream, ex.entry.entry_id) for ex in list(self.inflight.values())]
+    def snapshot(self) -> list[tuple[str, str, str]]:
+        """(stream, entry id, task id) of every execution in flight (the heartbeat's touch)."""
+        return [
+            (ex.entry.stream, ex.entry.entry_id, ex.entry.task_id)
+            for ex in list(self.inflight.values())
+        ]
 
 
 async def wait_first(

@@ -265,7 +265,8 @@ class Runner:
             return True
         entry = ex.entry
         try:
-            lost = await calls.touch(self.store, self.worker_id, [(entry.stream, entry.entry_id)])
+            owned = [(entry.stream, entry.entry_id, entry.task_id)]
+            lost = await calls.touch(self.store, self.worker_id, owned)
         except TRANSIENT as exc:
             lost, why = [entry.entry_id], f"Redis unavailable: {exc}"
         else:

@@ -67,10 +67,10 @@ def stall_after_s(settings: Settings) -> float:
 
 
 class Heartbeat:
-    """The heartbeat thread of one worker. ``snapshot()`` returns the (stream, entry id) pairs
-    in flight and ``stats()`` the worker hash's changing fields (both called on the heartbeat
-    thread); ``on_lost`` receives entry ids this worker no longer owns, called on the event
-    loop given to :meth:`start`."""
+    """The heartbeat thread of one worker. ``snapshot()`` returns the (stream, entry id, task
+    id) of each entry in flight and ``stats()`` the worker hash's changing fields (both called
+    on the heartbeat thread); ``on_lost`` receives entry ids this worker no longer owns,
+    called on the event loop given to :meth:`start`."""
 
     def __init__(
         self,
@@ -80,7 +80,7 @@ class Heartbeat:
         queues: Sequence[str],
         concurrency: int,
         clock: RedisClock,
-        snapshot: Callable[[], list[tuple[str, str]]],
+        snapshot: Callable[[], list[tuple[str, str, str]]],
         stats: Callable[[], dict[str, Any]],
         on_lost: Callable[[list[str]], None],
         outage: RedisOutage | None = None,
@@ -241,7 +241,15 @@ class Heartbeat:
         if not owned:
             return
         assert self._redis is not None
-        lost = calls.touch_blocking(self._redis, self.scripts, self.worker_id, owned)
+        lost, deleted = calls.touch_blocking(self._redis, self.scripts, self.worker_id, owned)
+        if deleted:
+            # Removed outside dtq: the handler goes on, finish.lua records it on the task hash.
+            log.warning(
+                "worker %s: entries %s were removed from their stream while running: their "
+                "tasks run on and finish (docs/delivery-guarantees.md)",
+                self.worker_id,
+                ", ".join(deleted),
+            )
         if lost and self._loop is not None:
             # Most are entries finished between the snapshot and the touch; the worker keeps
             # (and logs) only those still running here.

@@ -23,9 +23,16 @@
   but its reservations go ahead of the poll loops' (:meth:`Executor.reserve
   <dtq.worker.execution.Executor.reserve>` ``urgent``): on
   a fully busy worker the next slots to free go to reclaimed entries, never to fresh reads,
-  and the worker never runs more than its concurrency. Redis 6.2 answers nil for an entry
-  deleted while pending and keeps it pending: this consumer's pending ids that are gone from
-  the stream are acknowledged and logged. Ids that Redis 7 reports deleted are logged.
+  and the worker never runs more than its concurrency. The reaper serves the streams of paused
+  queues too: their pending entries were delivered before the pause (a read batch is always
+  started) and most had started; a dead worker's are redelivered (and a cancel asked
+  meanwhile is honoured by start.lua) whether the queue is paused or not.
+  An entry removed from its stream while pending (``XDEL``, ``XTRIM``) leaves the pending list
+  here: Redis 7 drops it itself and lists its id in ``XAUTOCLAIM``'s reply; Redis 6.2 answers
+  nil for it and keeps it pending (now this consumer's), so this consumer's pending ids that
+  are gone from the stream are acknowledged. Either way its task (which no index finds by
+  entry id) is then resolved by the scheduler leader's pass over the task hashes
+  (:mod:`dtq.worker.lost_entries`: a new entry, a crash redelivery for a started task).
 
 A read or claim whose reply a lost connection may have taken has delivered entries this
 worker does not know: once Redis answers, the poll loop starts every entry pending for this
@@ -304,11 +311,12 @@ class Intake:
                 started += ran
                 seen += claimed + len(deleted)
                 if deleted:
-                    log.error(
-                        "reaper: entries deleted from %s while pending (Redis removed them from "
-                        "the pending list): %s",
-                        stream,
+                    log.warning(
+                        "reaper: entries %s of %s were deleted while pending (Redis removed them "
+                        "from the pending list): their tasks get a new entry from the scheduler "
+                        "leader's pass",
                         ", ".join(map(str, deleted)),
+                        stream,
                     )
                 if cursor == "0-0" or (idle is not None and seen >= idle):
                     break
@@ -363,8 +371,9 @@ class Intake:
 
     async def _idle_entries(self, min_idle_ms: int) -> list[tuple[str, int | None]]:
         """(stream, how many of its entries are idle past ``min_idle_ms``, None for at least a
-        full page) of the active streams that have any, p9 first: one pipeline."""
-        streams = self.active_streams()
+        full page) of the served streams that have any, p9 first, paused queues' too (the
+        module docstring): one pipeline."""
+        streams = self._plan.streams
         page = max(self.execution.slots, READ_BATCH)
         pipe = self.redis.pipeline(transaction=False)
         for stream in streams:
@@ -399,9 +408,9 @@ class Intake:
         gone = [i for i, r in zip(candidates, await pipe.execute(), strict=True) if not r]
         if gone:
             await self.redis.xack(stream, keys.CONSUMER_GROUP, *gone)
-            log.error(
-                "reaper: entries %s of %s were deleted while pending: acknowledged; their task "
-                "(if any) cannot be found from the stream",
+            log.warning(
+                "reaper: entries %s of %s were deleted while pending: acknowledged; their tasks "
+                "get a new entry from the scheduler leader's pass",
                 ", ".join(gone),
                 stream,
             )

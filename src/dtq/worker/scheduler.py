@@ -26,7 +26,10 @@ sections 2, 4, 6) does any work. Each leader tick:
 5. every ``QUEUE_CHECK_MIN_MS`` to ``QUEUE_CHECK_MAX_MS`` (a tenth of
    ``DTQ_QUEUE_IDLE_TTL_S``), walks ``dtq:queues`` a page per tick and removes the idle queues
    that no live worker serves, then the ``dtq:cancelled`` members no start will need
-   (:mod:`dtq.worker.idle_queues`).
+   (:mod:`dtq.worker.idle_queues`);
+6. at most every ``lost_entries.PASS_EVERY_MS`` (60 s), walks the task hashes a page per tick
+   and gives a new entry to the QUEUED and RUNNING tasks whose entry was removed outside dtq
+   (:mod:`dtq.worker.lost_entries`; a RUNNING one only when its worker is not alive).
 
 A Redis call that fails because Redis is unavailable is reported to the worker's
 :class:`~dtq.worker.outage.RedisOutage` (rate-limited, shared by every loop of the process) and
@@ -58,6 +61,7 @@ from dtq.records import stale_after_ms, worker_liveness
 from dtq.store import Store
 from dtq.worker.consumers import drop_dead, worker_states
 from dtq.worker.idle_queues import IdleQueues, clean_cancelled
+from dtq.worker.lost_entries import PASS_EVERY_MS, LostEntries
 from dtq.worker.outage import TRANSIENT, RedisOutage
 
 __all__ = [
@@ -140,6 +144,8 @@ class Scheduler:
         self._next_stale_check_ms = 0
         self._next_queue_check_ms = 0
         self._idle_queues = IdleQueues(store)
+        self._next_lost_pass_ms = 0
+        self._lost_entries = LostEntries(store)
         self._rng = random.Random()
 
     @property
@@ -383,6 +389,9 @@ class Scheduler:
             await self._phase(result, "consumers", self._drop_consumers(now_ms))
         if now_ms >= self._next_queue_check_ms and settled:
             await self._phase(result, "queues", self._remove_idle_queues(now_ms))
+        # Whether a task's worker is alive decides a running one: judged only when settled too.
+        if (self._lost_entries.cursor or now_ms >= self._next_lost_pass_ms) and settled:
+            await self._phase(result, "lost_entries", self._recover_lost(now_ms))
 
     async def _remove_idle_queues(self, now_ms: int) -> None:
         """One page of the idle-queue pass (:mod:`dtq.worker.idle_queues`); the queues of live
@@ -410,6 +419,13 @@ class Scheduler:
             cleaned = await clean_cancelled(self.store)
             if cleaned:
                 log.info("removed %d dtq:cancelled member(s) of entries gone", cleaned)
+
+    async def _recover_lost(self, now_ms: int) -> None:
+        """One page of the pass over the task hashes (:mod:`dtq.worker.lost_entries`); a pass
+        starts at most every ``PASS_EVERY_MS``."""
+        if self._lost_entries.cursor == 0:
+            self._next_lost_pass_ms = now_ms + PASS_EVERY_MS
+        await self._lost_entries.step()  # each task given a new entry is logged there
 
     def _transient(self, result: TickResult, phase: str, exc: BaseException) -> None:
         self.outage.failed(f"scheduler {phase}", exc)  # tried again at the next tick
