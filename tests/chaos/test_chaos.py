@@ -16,6 +16,7 @@ from pathlib import Path
 import chaos_api
 import chaos_bounds
 import chaos_faults
+import chaos_lifetimes
 import chaos_outages
 import pytest
 from chaos_checker import Report
@@ -37,6 +38,8 @@ SCENARIOS: dict[str, Scenario] = {
     "clock_skew": chaos_faults.clock_skew,
     "ws_slow_client": chaos_api.ws_slow_client,
     "bad_input": chaos_api.bad_input,
+    "retention_pressure": chaos_lifetimes.retention_pressure,
+    "queue_flood": chaos_lifetimes.queue_flood,
 }
 
 
