@@ -30,6 +30,7 @@ from chaos_checker import (
 from chaos_harness import TERMINAL, Run, Scale, WorkerProc, running, settings_for
 from chaos_load import LoadGen, Spec, all_task_ids, pending_entries, wait_quiet
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from dtq import connect, keys
 from support import wait_until
@@ -283,8 +284,9 @@ async def _queue_state(r: Redis, queues: Sequence[str]) -> dict[str, dict[str, b
         for q in chunk:
             group = False
             if out[q]["streams"]:
-                groups = await r.xinfo_groups(keys.stream(q, 5))
-                group = any(g["name"] == keys.CONSUMER_GROUP for g in groups)
+                with contextlib.suppress(ResponseError):  # removed since the EXISTS
+                    groups = await r.xinfo_groups(keys.stream(q, 5))
+                    group = any(g["name"] == keys.CONSUMER_GROUP for g in groups)
             out[q]["group"] = group
     return out
 
