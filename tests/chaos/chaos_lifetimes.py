@@ -316,7 +316,9 @@ async def queue_flood(root: Path, scale: Scale) -> list[Report]:
     or wait. Every task of a served queue ends terminal; after the idle TTL the unserved
     queues with nothing waiting are removed (streams, group, ``dtq:queues`` member,
     last-submit time), the ones with a waiting task stay until it is cancelled and are then
-    removed too, the served ones stay, and the key audit finds nothing unbounded."""
+    removed too, the served ones stay, and the key audit finds nothing unbounded. Last, a new
+    worker serves a few removed names and a task is submitted to each: they run, and those
+    queues are whole again."""
     rng = scale.rng("queue_flood")
     n_served, n_unserved = scale.pick(8, 40), scale.pick(300, 3000)
     served = [f"served-{i:03d}" for i in range(n_served)]
@@ -408,6 +410,21 @@ async def queue_flood(root: Path, scale: Scale) -> list[Report]:
         streams = [k for p in keys.queue_streams("*") async for k in run.r.scan_iter(match=p)]
         listed = await run.r.smembers(keys.QUEUES)
         cancelled_set = await run.r.scard(keys.CANCELLED)
+        # Removed names serve again: a worker started on a few, then a submit to each.
+        back = idle[:5]
+        returner = c.spawn_worker("flood", args=[a for q in back for a in ("--queue", q)])
+        await c.wait_workers([returner])
+        again = LoadGen()
+        returns = [
+            Spec(10**6 + i, "chaos_work", {"seq": 10**6 + i, "ms": 5}, {"queue": q})
+            for i, q in enumerate(back)
+        ]
+        await again.via_sdk(c.url, returns, rate=None, settings=settings_)
+        back_left = await wait_quiet(run.r, list(again.accepted()), 30, queues=back)
+        back_state = _incomplete(await _queue_state(run.r, back))
+    rep.require(len(again.accepted()) == len(back), f"submits to removed queues: {again.counts()}")
+    rep.require_zero("tasks of removed queues served again not terminal", back_left)
+    rep.require_zero("removed queues not whole once used again", back_state)
     rep.require(not left, f"{len(left)} task(s) of served queues not terminal")
     require_clean(rep)
     if early:
