@@ -435,7 +435,7 @@ async def queue_flood(root: Path, scale: Scale) -> list[Report]:
     rep.require_zero("served queues not whole after the idle TTL", kept_served)
     rep.require_zero("served queues not whole at the end", served_after)
     rep.require_zero("keys without a TTL or a documented bound", problems)
-    extra = sorted(set(listed) - set(served) - {"default"})
+    extra = sorted({str(m) for m in listed} - set(served) - {"default"})
     rep.require_zero("dtq:queues members left of unserved queues", extra)
     stray = [s for s in streams if keys.stream_queue(s)[0] not in set(served) | {"default"}]
     rep.require_zero("streams left of unserved queues", stray)
