@@ -365,7 +365,7 @@ async def queue_flood(root: Path, scale: Scale) -> list[Report]:
                 tid = task_of[q]
                 if fate[q] == "cancelled" and tid:
                     await sdk.cancel(tid)
-            work_ids = [by_seq[s.seq] for s in work if s.seq in by_seq]
+            work_ids = [tid for s in work if (tid := by_seq.get(s.seq))]
             left = await wait_quiet(run.r, work_ids, scale.pick(60, 180), queues=served)
 
             async def ended() -> bool:
