@@ -234,12 +234,20 @@ async def check(
     in_redis = set(await all_task_ids(r)) - set(skip)
     execs = read_execs(exec_dir)
     views = await load_views(r, in_redis | set(accepted), execs, events)
+    return judge(name, records, views)
+
+
+def judge(name: str, records: Sequence[SubmitRecord], views: dict[str, TaskView]) -> Report:
+    """The report of ``views`` (every task to judge, the accepted ones of ``records`` among
+    them): :func:`check` reads them from Redis at the end; a scenario whose finished tasks
+    expire before its end builds them as it goes."""
+    accepted = {rec.task_id: rec for rec in records if rec.outcome == "accepted" and rec.task_id}
     rep = Report(name, views=views)
     rep.counts = {"invoked": len(records), "accepted": 0, "refused": 0, "unknown": 0}
     for rec in records:
         rep.counts[rec.outcome] = rep.counts.get(rec.outcome, 0) + 1
     rep.accepted = len(accepted)
-    rep.orphans = len(in_redis - set(accepted))
+    rep.orphans = len(set(views) - set(accepted))
     latencies: list[float] = []
     last_ms = 0.0
     for tid, v in views.items():

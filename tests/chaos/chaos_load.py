@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,8 +81,16 @@ class LoadGen:
             tasks.append(asyncio.create_task(run(spec)))
         await asyncio.gather(*tasks)
 
-    async def via_sdk(self, url: str, specs: Sequence[Spec], rate: float | None) -> None:
-        queue = await connect(settings=settings_for(url))
+    async def via_sdk(
+        self,
+        url: str,
+        specs: Sequence[Spec],
+        rate: float | None,
+        *,
+        settings: Mapping[str, str] | None = None,
+    ) -> None:
+        """``settings``: the scenario's overrides of the harness's (``SETTINGS`` names)."""
+        queue = await connect(settings=settings_for(url, **_lower(settings)))
         try:
 
             async def one(spec: Spec) -> None:
@@ -147,6 +155,10 @@ class LoadGen:
         for r in self.records:
             out[r.outcome] = out.get(r.outcome, 0) + 1
         return out
+
+
+def _lower(settings: Mapping[str, str] | None) -> dict[str, str]:
+    return {k.lower(): v for k, v in (settings or {}).items()}
 
 
 def _since_s(t_ns: int) -> float:
