@@ -15,6 +15,7 @@ from pathlib import Path
 
 import chaos_api
 import chaos_bounds
+import chaos_edges
 import chaos_faults
 import chaos_outages
 import pytest
@@ -37,6 +38,8 @@ SCENARIOS: dict[str, Scenario] = {
     "clock_skew": chaos_faults.clock_skew,
     "ws_slow_client": chaos_api.ws_slow_client,
     "bad_input": chaos_api.bad_input,
+    "dropped_replies": chaos_edges.dropped_replies,
+    "loop_block": chaos_edges.loop_block,
 }
 
 
