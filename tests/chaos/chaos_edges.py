@@ -64,7 +64,9 @@ async def dropped_replies(root: Path, scale: Scale) -> list[Report]:
     rep.require_zero("workers that exited", dead)
     rep.require_zero("dead-letter entries", dlq)
     wrong = [
-        f"{v.task_id}: {v.status} attempt {v.hash.get('attempt')} {v.hash.get('error', '')}"[:200]
+        f"{v.task_id}: {v.status} attempt {v.hash.get('attempt')} {v.hash.get('error_class', '')}"[
+            :200
+        ]
         for v in rep.views.values()
         if v.status != "succeeded" or v.hash.get("attempt") != "1" or len(v.execs) != 1
     ]
