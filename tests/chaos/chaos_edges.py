@@ -166,7 +166,9 @@ def _judge_blocks(
             own = [h for h in v.history if h.get("worker_id") == blocked]
             if any(iso_ms(h["ts"]) >= end_ms for h in own):
                 writes.append(f"{tid}: {[(h['from'], h['to']) for h in own]}")
-            if any(h.get("to") == "running" and iso_ms(h["ts"]) > start_ms for h in own):
+            # Its own start may land just after the block began (a start batch Redis ran while
+            # the loop was blocked): a start after the peer's is a task it took back.
+            if any(h.get("to") == "running" and iso_ms(h["ts"]) > moved for h in own):
                 regained.append(tid)
         for tid, e in rep.late_runs:
             if e.pid == first.pid and tid in entries and 0 <= e.start_ms - end_ms <= 500:
