@@ -143,3 +143,14 @@ def chaos_hang_sync(payload: dict[str, Any], ctx: TaskContext) -> None:
     ex = Execution(ctx, "hang_sync")
     time.sleep(float(payload.get("hang_s", 3)))
     ex.end("late")
+
+
+@task("chaos_block")
+async def chaos_block(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """An async handler that blocks its event loop (``time.sleep``) for ``block_s`` seconds on
+    attempts 1..``block_attempts`` (default 1), then returns; later attempts only return."""
+    ex = Execution(ctx, "block")
+    if ctx.attempt <= int(payload.get("block_attempts", 1)):
+        time.sleep(float(payload.get("block_s", 1)))  # noqa: ASYNC251 - the fault itself
+    ex.end("ok")
+    return {"seq": payload.get("seq"), "attempt": ctx.attempt}

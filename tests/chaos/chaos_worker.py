@@ -11,6 +11,8 @@
   point ``after_handler`` (the side effect happened, finish.lua has not run) is in the handler
   itself (``chaos_tasks``). The hooks are :class:`dtq.worker.WorkerObserver` methods, dtq's
   public seam for watching a worker.
+- ``CHAOS_LOSE_REPLIES=<probability>``: the worker's connections lose replies after Redis ran
+  the commands (``chaos_wire``).
 
 Otherwise it is ``dtq worker run``: same settings (DTQ_*), same arguments.
 """
@@ -102,6 +104,10 @@ def main(argv: list[str]) -> int:
         _skew_clock(skew)
     if os.environ.get("CHAOS_CRASH") == "1":
         return _run_crashing_worker(argv)
+    if os.environ.get("CHAOS_LOSE_REPLIES"):
+        from chaos_wire import run_lossy_worker
+
+        return run_lossy_worker(argv)
     from dtq.worker.__main__ import main as worker_main
 
     return worker_main(argv)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import chaos_api
 import chaos_bounds
+import chaos_edges
 import chaos_faults
 import chaos_lifetimes
 import chaos_outages
@@ -41,6 +42,8 @@ SCENARIOS: dict[str, Scenario] = {
     "bad_input": chaos_api.bad_input,
     "retention_pressure": chaos_lifetimes.retention_pressure,
     "queue_flood": chaos_lifetimes.queue_flood,
+    "dropped_replies": chaos_edges.dropped_replies,
+    "loop_block": chaos_edges.loop_block,
 }
 
 
