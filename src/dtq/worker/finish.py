@@ -177,15 +177,18 @@ class Finisher:
     async def _recorded(
         self, call: Call, reply: FinishReply | Exception
     ) -> FinishReply | Exception:
-        """The reply of a finish sent again after a lost connection. Found fenced as
-        ``not_pending`` (its entry is acknowledged), either the first send ran and only its
+        """The reply of a finish sent again after a lost connection. Found fenced with its
+        entry no longer pending for another consumer (``not_pending``, or the hash past
+        running: ``status:...``, ``entry``, ``attempt``), either the first send ran and only its
         reply was lost, or another worker consumed the entry meanwhile: the task's history
         tells, since only this worker's finish of this attempt records a change from running
         by this worker at this attempt (this worker starts no entry it has in flight). The
-        status that first send recorded is returned; nothing is written again."""
+        status that first send recorded is returned; nothing is written again. An entry
+        pending for another consumer (``owner:...``) was never acknowledged by this worker's
+        finish, so that reply stands."""
         if isinstance(reply, Exception) or reply.status != "fenced":
             return reply
-        if reply.detail != "not_pending":
+        if reply.detail.startswith("owner:"):
             return reply
         args = call[2]
         task_id, attempt = str(args[0]), int(args[4])
