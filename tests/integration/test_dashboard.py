@@ -30,12 +30,10 @@ from redis.asyncio import Redis
 from dtq import Queue, connect, keys
 from dtq.config import Settings
 from support import running_worker, wait_until
-from support.api import api_settings
+from support.api import ApiServer, api_server, api_settings
 from support.dashboard import (
     API_KEY,
-    ApiServer,
     Watched,
-    api_server,
     browser,
     ensure_chromium,
     watched_page,

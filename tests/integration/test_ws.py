@@ -10,7 +10,6 @@ import contextlib
 import itertools
 import json
 import socket
-import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Iterable, Iterator
@@ -18,7 +17,6 @@ from typing import Any
 
 import pytest
 import redis as sync_redis
-import uvicorn
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
@@ -27,28 +25,18 @@ from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from dtq import Queue, keys
-from dtq.api import create_app
 from dtq.api.deps import ApiState
 from dtq.api.ws import BUFFER_SIZE, EventHub
 from dtq.config import Settings
-from dtq.devserver import free_port
 from support import running_worker
-from support.api import api_settings
+from support.api import ApiServer, api_settings
 
 MB = 1024 * 1024
 
 
-class Server:
-    """uvicorn serving the dtq app on 127.0.0.1 in a thread of its own."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.app = create_app(settings)
-        self.port = free_port()
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+class Server(ApiServer):
+    """The dtq app under uvicorn (:class:`support.api.ApiServer`), with its event hub and the
+    WebSocket URL at hand."""
 
     @property
     def hub(self) -> EventHub:
@@ -58,19 +46,6 @@ class Server:
 
     def ws_url(self, query: str = "") -> str:
         return f"ws://127.0.0.1:{self.port}/ws/events{query}"
-
-    def start(self) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + 15
-        while not self.server.started:
-            assert self.thread.is_alive(), "uvicorn exited at start"
-            assert time.monotonic() < deadline, "uvicorn did not start within 15 s"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-        assert not self.thread.is_alive(), "uvicorn did not stop"
 
 
 @pytest.fixture

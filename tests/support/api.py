@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
 from dtq.api import create_app
 from dtq.config import Settings
+from dtq.devserver import free_port
 from dtq_tasks import PermanentError, TaskContext, task
 
 API_KEY = "s3cret-test-key"
@@ -97,3 +101,44 @@ def error_of(resp: httpx.Response) -> dict[str, Any]:
     assert isinstance(err["details"], dict)
     assert resp.headers.get("x-request-id"), "every response carries X-Request-ID"
     return err
+
+
+class ApiServer:
+    """uvicorn serving the dtq app on 127.0.0.1 in a thread of its own (its own event loop)."""
+
+    def __init__(self, settings: Settings, port: int | None = None) -> None:
+        self.app = create_app(settings)
+        self.port = port or free_port()
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn-dash", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            assert self.thread.is_alive(), "uvicorn exited at start"
+            assert time.monotonic() < deadline, "uvicorn did not start within 15 s"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        assert not self.thread.is_alive(), "uvicorn did not stop"
+
+
+@contextlib.asynccontextmanager
+async def api_server(settings: Settings, port: int | None = None) -> AsyncIterator[ApiServer]:
+    """A started :class:`ApiServer`, always stopped (start and stop off the event loop)."""
+    server = ApiServer(settings, port)
+    await asyncio.to_thread(server.start)
+    try:
+        yield server
+    finally:
+        await asyncio.to_thread(server.stop)
