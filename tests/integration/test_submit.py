@@ -28,18 +28,8 @@ from dtq.errors import (
 from dtq.models import Task, TaskStatus, compact_json, parse_ts
 from dtq.store import RECENT_CAP, SUBMIT_CHUNK
 from support import Events
+from support.worker import ENTRY_FIELDS
 
-ENTRY_FIELDS = {
-    "task_id",
-    "queue",
-    "task_type",
-    "payload",
-    "attempt",
-    "max_attempts",
-    "priority",
-    "timeout_ms",
-    "idempotency_key",
-}
 EVENT_FIELDS = {"event_id", "ts", "type", "task_id", "queue", "task_type", "attempt", "worker_id"}
 
 QueueFactory = Callable[..., Awaitable[Queue]]

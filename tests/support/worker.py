@@ -73,7 +73,7 @@ async def wait_status(
     return seen
 
 
-DLQ_FIELDS = {
+ENTRY_FIELDS = {
     "task_id",
     "queue",
     "task_type",
@@ -83,6 +83,10 @@ DLQ_FIELDS = {
     "priority",
     "timeout_ms",
     "idempotency_key",
+}
+"""The fields of a task stream entry (contract section 2)."""
+
+DLQ_FIELDS = ENTRY_FIELDS | {
     "failed_at_ms",
     "attempts_made",
     "last_error",
@@ -91,6 +95,7 @@ DLQ_FIELDS = {
     "worker_id",
     "original_queue",
 }
+"""A dead-letter entry's fields: the entry's and the failure's (contract section 2)."""
 
 
 async def read_as(r: Redis, consumer: str, queue: str = "default", priority: int = 5) -> Entry:
@@ -221,13 +226,18 @@ async def sp_sleep(payload, ctx):
     return {"attempt": ctx.attempt, "worker_id": ctx.worker_id}
 
 
+def _seconds(payload, ctx):
+    """payload["s"], or payload["by_attempt"] at this attempt (its last for later ones)."""
+    by_attempt = payload.get("by_attempt")
+    s = by_attempt[min(ctx.attempt, len(by_attempt)) - 1] if by_attempt else payload.get("s", 1)
+    return float(s)
+
+
 @task("sp_block")
 def sp_block(payload, ctx):
     """A sync handler blocking its thread payload["s"] (or by_attempt) seconds."""
     _record(ctx, "start")
-    by_attempt = payload.get("by_attempt")
-    s = by_attempt[min(ctx.attempt, len(by_attempt)) - 1] if by_attempt else payload.get("s", 1)
-    time.sleep(float(s))
+    time.sleep(_seconds(payload, ctx))
     _record(ctx, "end")
     return {"attempt": ctx.attempt}
 
@@ -237,9 +247,7 @@ async def sp_hog(payload, ctx):
     """An async handler that blocks the event loop payload["s"] (or by_attempt) seconds (a bug,
     on purpose)."""
     _record(ctx, "start")
-    by_attempt = payload.get("by_attempt")
-    s = by_attempt[min(ctx.attempt, len(by_attempt)) - 1] if by_attempt else payload.get("s", 1)
-    time.sleep(float(s))
+    time.sleep(_seconds(payload, ctx))
     _record(ctx, "end")
     return {"attempt": ctx.attempt}
 
