@@ -38,7 +38,7 @@ from dtq import admin
 from dtq.calls import Audit
 from dtq.clock import redis_time_ms
 from dtq.config import Settings, load_settings, redact_url
-from dtq.connection import no_retry, use_hiredis_packing
+from dtq.connection import async_client
 from dtq.errors import ConfigError, DtqError, InvalidTaskError, RedisUnavailableError
 from dtq.keys import CONSUMER_GROUP, queue_streams
 from dtq.models import (
@@ -394,15 +394,7 @@ async def connect(
     if url is not None:  # validated like DTQ_REDIS_URL (model_copy would skip the check)
         settings = load_settings(**{**settings.model_dump(), "redis_url": url})
     try:
-        redis = use_hiredis_packing(
-            Redis.from_url(
-                settings.redis_url,
-                decode_responses=True,
-                health_check_interval=30,
-                socket_connect_timeout=5,
-                retry=no_retry(),
-            )
-        )
+        redis = async_client(settings)
     except ValueError as exc:  # e.g. a port that is not a number
         raise ConfigError(
             f"invalid configuration: DTQ_REDIS_URL={redact_url(settings.redis_url)!r}: {exc}"

@@ -17,15 +17,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import redis as sync_redis
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 
-__all__ = ["HIREDIS_AVAILABLE", "no_retry", "use_hiredis_packing", "warn_durability"]
+if TYPE_CHECKING:
+    from dtq.config import Settings
+
+__all__ = [
+    "HIREDIS_AVAILABLE",
+    "async_client",
+    "no_retry",
+    "sync_client",
+    "use_hiredis_packing",
+    "warn_durability",
+]
 
 
 def no_retry() -> Retry:
@@ -112,6 +123,40 @@ def use_hiredis_packing(client: Redis) -> Redis:
                 pool.connection_class = fast
                 break
     return client
+
+
+def async_client(
+    settings: Settings,
+    *,
+    socket_timeout: float | None = None,
+    health_check_interval: int = 30,
+) -> Redis:
+    """The asyncio client every dtq process uses for ``settings``' Redis (SDK, API, worker):
+    decoded strings, hiredis packing, a 5 s connect timeout, no retries.
+
+    Raises ``ValueError`` for a URL redis-py cannot parse (the caller names the setting)."""
+    return use_hiredis_packing(
+        Redis.from_url(
+            settings.redis_url,
+            decode_responses=True,
+            socket_connect_timeout=5,
+            socket_timeout=socket_timeout,
+            health_check_interval=health_check_interval,
+            retry=no_retry(),
+        )
+    )
+
+
+def sync_client(settings: Settings, *, socket_timeout: float) -> sync_redis.Redis:
+    """The blocking client of the worker's heartbeat thread (its own connection, so a busy
+    event loop cannot starve it): decoded strings, redis-py's retries (its beat and touch
+    are safe to send again)."""
+    return sync_redis.Redis.from_url(
+        settings.redis_url,
+        decode_responses=True,
+        socket_connect_timeout=5,
+        socket_timeout=socket_timeout,
+    )
 
 
 async def warn_durability(redis: Redis, log: logging.Logger) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from dtq.config import Settings
-from dtq.connection import no_retry, use_hiredis_packing
+from dtq.connection import async_client
 
 __all__ = ["worker_redis"]
 
@@ -20,13 +20,4 @@ _SOCKET_TIMEOUT_S = 10.0
 def worker_redis(settings: Settings) -> Redis:
     """An asyncio client for ``DTQ_REDIS_URL`` (decoded strings, bounded socket timeouts, no
     retries)."""
-    return use_hiredis_packing(
-        Redis.from_url(
-            settings.redis_url,
-            decode_responses=True,
-            socket_connect_timeout=5,
-            socket_timeout=_SOCKET_TIMEOUT_S,
-            health_check_interval=30,
-            retry=no_retry(),
-        )
-    )
+    return async_client(settings, socket_timeout=_SOCKET_TIMEOUT_S)

@@ -43,6 +43,7 @@ from redis.exceptions import RedisError
 from dtq import calls, keys
 from dtq.clock import RedisClock
 from dtq.config import Settings
+from dtq.connection import sync_client
 from dtq.events import make_event
 from dtq.models import format_ts
 from dtq.records import stale_after_ms
@@ -117,11 +118,8 @@ class Heartbeat:
         """Connect, write the first beat (status starting) and start the thread; lost leases
         are told to ``on_lost`` on ``loop``."""
         self._loop = loop
-        self._redis = redis.Redis.from_url(
-            self.settings.redis_url,
-            decode_responses=True,
-            socket_connect_timeout=5,
-            socket_timeout=max(2.0, self.settings.heartbeat_interval_s),
+        self._redis = sync_client(
+            self.settings, socket_timeout=max(2.0, self.settings.heartbeat_interval_s)
         )
         self.clock.sync_blocking(self._redis)
         self._started_ms = self.clock.now_ms()
