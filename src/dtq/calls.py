@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import redis as redis_sync
 from redis.asyncio import Redis
@@ -104,6 +104,13 @@ class Backend(Protocol):
     def settings(self) -> Settings: ...
 
 
+def new_task_id(queue: str) -> str:
+    """A new task id of ``queue``: :func:`new_id`, whose first digits are the queue's slot tag
+    in the cluster layout (:func:`dtq.keys.task_id_prefix`)."""
+    prefix = keys.task_id_prefix(queue)
+    return prefix + new_id()[len(prefix) :] if prefix else new_id()
+
+
 def new_id() -> str:
     """A random UUID4 as 32 hex digits (what ``uuid.uuid4().hex`` gives, in a third of the time:
     a submit makes two): task ids and event ids."""
@@ -170,10 +177,30 @@ def _queue_streams(queue: str) -> list[str]:
 def submit_calls(
     reqs: Sequence[SubmitRequest], ids: Sequence[str], settings: Settings
 ) -> list[Call]:
-    """The submit.lua calls of a batch: one per ``SUBMIT_CHUNK`` tasks, in order."""
+    """The submit.lua calls of a batch: one per ``SUBMIT_CHUNK`` tasks, in order (in the
+    cluster layout, per queue: :func:`submit_chunks`)."""
     return [
-        _submit_call(reqs[i : i + SUBMIT_CHUNK], ids[i : i + SUBMIT_CHUNK], settings)
-        for i in range(0, len(reqs), SUBMIT_CHUNK)
+        _submit_call([reqs[i] for i in chunk], [ids[i] for i in chunk], settings)
+        for chunk in submit_chunks(reqs)
+    ]
+
+
+def submit_chunks(reqs: Sequence[SubmitRequest]) -> list[list[int]]:
+    """The indexes of ``reqs`` each submit.lua call takes: runs of ``SUBMIT_CHUNK`` in order;
+    in the cluster layout, where one call touches one slot, each queue's tasks apart (still in
+    their order, and still at most ``SUBMIT_CHUNK`` a call)."""
+    if not keys.cluster_layout():
+        return [
+            list(range(i, min(i + SUBMIT_CHUNK, len(reqs))))
+            for i in range(0, len(reqs), SUBMIT_CHUNK)
+        ]
+    by_queue: dict[str, list[int]] = {}
+    for i, req in enumerate(reqs):
+        by_queue.setdefault(req.queue, []).append(i)
+    return [
+        idx[j : j + SUBMIT_CHUNK]
+        for idx in by_queue.values()
+        for j in range(0, len(idx), SUBMIT_CHUNK)
     ]
 
 
@@ -223,9 +250,18 @@ def _submit_call(reqs: Sequence[SubmitRequest], ids: Sequence[str], s: Settings)
     args[5] = len(queues)
     stream_keys = [k for queue in queues for k in _queue_streams(queue)]
     task_keys += [keys.queue_last_submit(queue) for queue in queues]  # KEYS[T + 3n + q]
+    if not keys.cluster_layout():  # a cluster batch is one queue's, registered apart
+        task_keys.append(keys.QUEUES)
+    scope = reqs[0].queue
     return (
         "submit",
-        [keys.RETRY_SCHEDULE, keys.RECENT, keys.EXPIRY, keys.QUEUES, *stream_keys, *task_keys],
+        [
+            keys.retry_schedule(scope),
+            keys.recent(scope),
+            keys.expiry(scope),
+            *stream_keys,
+            *task_keys,
+        ],
         args,
     )
 
@@ -237,29 +273,33 @@ async def submit(
     task, in order. A Redis error is that task's result (a wrong-type key), or every task's of
     its chunk when the whole call failed (out of memory), so that the tasks other calls
     committed are still reported; a lost connection is raised (no outcome is known)."""
-    chunks = await db.scripts.call_many(db.redis, submit_calls(reqs, ids, db.settings))
-    out: list[SubmitReply | ResponseError] = []
-    for i, chunk in enumerate(chunks):
+    groups = submit_chunks(reqs)
+    calls = [_submit_call([reqs[i] for i in g], [ids[i] for i in g], db.settings) for g in groups]
+    chunks = await db.scripts.call_many(db.redis, calls)
+    out: list[SubmitReply | ResponseError | None] = [None] * len(reqs)
+    for group, chunk in zip(groups, chunks, strict=True):
         if isinstance(chunk, ResponseError):
-            out += [chunk] * len(reqs[i * SUBMIT_CHUNK : (i + 1) * SUBMIT_CHUNK])
+            for i in group:
+                out[i] = chunk
             continue
         if isinstance(chunk, Exception):
             raise chunk
-        for reply in chunk:
-            kind = reply[0]
-            if kind == "new":
-                _, status, entry_id, now_ms, due_ms, exp_ms = reply
-                exp = _int_or_none(exp_ms)
-                out.append(
-                    SubmitReply("new", status, entry_id or "", int(now_ms), int(due_ms), exp)
-                )
-            elif kind == "dup":
-                out.append(SubmitReply("dup", status=str(reply[1]), task_id=str(reply[2])))
-            elif reply[1] == "REDIS":
-                out.append(ResponseError(str(reply[2])))
-            else:
-                out.append(SubmitReply("err", code=str(reply[1]), detail=str(reply[2])))
-    return out
+        for i, reply in zip(group, chunk, strict=True):
+            out[i] = _submit_reply(reply)
+    return cast("list[SubmitReply | ResponseError]", out)
+
+
+def _submit_reply(reply: Sequence[Any]) -> SubmitReply | ResponseError:
+    kind = reply[0]
+    if kind == "new":
+        _, status, entry_id, now_ms, due_ms, exp_ms = reply
+        exp = _int_or_none(exp_ms)
+        return SubmitReply("new", status, entry_id or "", int(now_ms), int(due_ms), exp)
+    if kind == "dup":
+        return SubmitReply("dup", status=str(reply[1]), task_id=str(reply[2]))
+    if reply[1] == "REDIS":
+        return ResponseError(str(reply[2]))
+    return SubmitReply("err", code=str(reply[1]), detail=str(reply[2]))
 
 
 # -- read.lua -----------------------------------------------------------------------------------
@@ -426,10 +466,10 @@ async def start_many(
                 keys.task(e.task_id),
                 keys.history(e.task_id),
                 e.stream,
-                keys.CANCELLED,
-                keys.EXPIRY,
+                keys.cancelled(e.queue),
+                keys.expiry(e.queue),
                 keys.idempotency(e.queue, e.idempotency_key),
-                keys.DEAD_LETTER,
+                keys.dead_letter(e.queue),
                 keys.payload(e.task_id),
             ],
             [
@@ -498,12 +538,12 @@ def finish_call(
             keys.task(entry.task_id),
             keys.history(entry.task_id),
             entry.stream,
-            keys.RETRY_SCHEDULE,
-            keys.EXPIRY,
+            keys.retry_schedule(entry.queue),
+            keys.expiry(entry.queue),
             keys.idempotency(entry.queue, entry.idempotency_key),
-            keys.DEAD_LETTER,
+            keys.dead_letter(entry.queue),
             keys.result(entry.task_id),
-            keys.CANCELLED,
+            keys.cancelled(entry.queue),
             keys.payload(entry.task_id),
         ],
         [
@@ -616,11 +656,15 @@ class Claimed:
     now_ms: int
 
 
-async def claim_due(db: Backend, limit: int, stale_ms: int) -> Claimed:
+async def claim_due(db: Backend, queue: str, limit: int, stale_ms: int) -> Claimed:
     """claim_due.lua: move at most ``limit`` due schedule members to the claimed set, after
-    returning claims older than ``stale_ms`` to the schedule."""
+    returning claims older than ``stale_ms`` to the schedule (``queue``'s, in the cluster
+    layout; the one schedule of every queue in the flat one)."""
     ids, stale, now_ms = await db.scripts.call(
-        db.redis, "claim_due", [keys.RETRY_SCHEDULE, keys.RETRY_CLAIMED], [limit, stale_ms]
+        db.redis,
+        "claim_due",
+        [keys.retry_schedule(queue), keys.retry_claimed(queue)],
+        [limit, stale_ms],
     )
     return Claimed([str(i) for i in ids], int(stale), int(now_ms))
 
@@ -650,9 +694,9 @@ async def promote_many(
             [
                 keys.task(task_id),
                 keys.history(task_id),
-                keys.RETRY_SCHEDULE,
-                keys.RETRY_CLAIMED,
-                keys.EXPIRY,
+                keys.retry_schedule(queue),
+                keys.retry_claimed(queue),
+                keys.expiry(queue),
                 keys.stream(queue, priority),
                 keys.idempotency(queue, idem),
                 keys.payload(task_id),
@@ -685,11 +729,21 @@ class ExpireReply:
 
 
 def _expire_call(
-    s: Settings, tasks: Sequence[tuple[str, Where | None]], mode: str, audit: Audit | None
+    s: Settings,
+    queue: str,
+    tasks: Sequence[tuple[str, Where | None]],
+    mode: str,
+    audit: Audit | None,
 ) -> Call:
-    """One expire.lua call for (task id, where) pairs. A task whose ``where`` is not known yet
-    gets its hash, history and old payload keys only (see the script's header)."""
-    key_list = [keys.RETRY_SCHEDULE, keys.RETRY_CLAIMED, keys.EXPIRY, keys.AUDIT]
+    """One expire.lua call for (task id, where) pairs of ``queue``'s tasks (any tasks in the
+    flat layout, whose sets are shared). A task whose ``where`` is not known yet gets its hash,
+    history and old payload keys only (see the script's header)."""
+    key_list = [
+        keys.retry_schedule(queue),
+        keys.retry_claimed(queue),
+        keys.expiry(queue),
+        keys.audit(queue),
+    ]
     argv: list[Any] = [mode, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, *_audit(audit)]
     for task_id, where in tasks:
         key_list += [keys.task(task_id), keys.history(task_id), keys.payload(task_id)]
@@ -717,23 +771,24 @@ def _expire_reply(one: Sequence[Any]) -> ExpireReply:
 
 async def expire(db: Backend, task_id: str, where: Where, audit: Audit | None) -> ExpireReply:
     """expire.lua in "manual" mode: mark one not-started task EXPIRED now."""
-    call = _expire_call(db.settings, [(task_id, where)], "manual", audit)
+    call = _expire_call(db.settings, where[0], [(task_id, where)], "manual", audit)
     (reply,) = await db.scripts.call(db.redis, *call)
     return _expire_reply(reply)
 
 
 async def expire_sweep(
-    db: Backend, task_ids: Sequence[str], per_call: int
+    db: Backend, queue: str, task_ids: Sequence[str], per_call: int
 ) -> dict[str, tuple[str, str]]:
-    """expire.lua in "sweep" mode (only what is due) for ``task_ids``, ``per_call`` tasks per
-    call, all calls in one round trip. The tasks are not read first: those that need their
-    stream or idempotency record come back with what their keys are made of and go in a second
-    round trip. Returns (queue, task_type) of each task marked EXPIRED, by task id."""
+    """expire.lua in "sweep" mode (only what is due) for ``task_ids`` (members of ``queue``'s
+    expiry set: the shared one in the flat layout), ``per_call`` tasks per call, all calls in
+    one round trip. The tasks are not read first: those that need their stream or idempotency
+    record come back with what their keys are made of and go in a second round trip. Returns
+    (queue, task_type) of each task marked EXPIRED, by task id."""
     expired: dict[str, tuple[str, str]] = {}
     todo: list[tuple[str, Where | None]] = [(tid, None) for tid in task_ids]
     while todo:
         chunks = [todo[i : i + per_call] for i in range(0, len(todo), per_call)]
-        calls = [_expire_call(db.settings, chunk, "sweep", None) for chunk in chunks]
+        calls = [_expire_call(db.settings, queue, chunk, "sweep", None) for chunk in chunks]
         todo = []
         for chunk, reply in zip(chunks, await db.scripts.call_many(db.redis, calls), strict=True):
             if isinstance(reply, Exception):
@@ -772,13 +827,13 @@ async def cancel(
         [
             keys.task(task_id),
             keys.history(task_id),
-            keys.RETRY_SCHEDULE,
-            keys.RETRY_CLAIMED,
-            keys.EXPIRY,
+            keys.retry_schedule(queue),
+            keys.retry_claimed(queue),
+            keys.expiry(queue),
             keys.stream(queue, priority),
-            keys.CANCELLED,
+            keys.cancelled(queue),
             keys.idempotency(queue, idem),
-            keys.AUDIT,
+            keys.audit(queue),
             keys.payload(task_id),
         ],
         [task_id, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, new_id(), reason, *_audit(audit)],
@@ -833,10 +888,10 @@ async def dlq_requeue(
         [
             keys.task(task_id),
             keys.history(task_id),
-            keys.DEAD_LETTER,
+            keys.dead_letter(queue),
             keys.idempotency(queue, idempotency_key),
-            keys.AUDIT,
-            keys.EXPIRY,
+            keys.audit(queue),
+            keys.expiry(queue),
             *keys.queue_streams(queue),
             keys.payload(task_id),
         ],
@@ -858,21 +913,22 @@ async def dlq_requeue(
 async def dlq_discard(
     db: Backend,
     task_id: str,
+    queue: str,
     metadata_read: str,
     metadata_new: str,
     dlq_entry_id: str,
     audit: Audit | None,
 ) -> DlqReply:
-    """dlq_discard.lua: drop the task's DLQ entry and set ``metadata_new``, if its metadata is
-    still ``metadata_read``."""
+    """dlq_discard.lua: drop the task's DLQ entry (in its ``queue``'s dead-letter stream) and
+    set ``metadata_new``, if its metadata is still ``metadata_read``."""
     reply = await db.scripts.call(
         db.redis,
         "dlq_discard",
         [
             keys.task(task_id),
             keys.history(task_id),
-            keys.DEAD_LETTER,
-            keys.AUDIT,
+            keys.dead_letter(queue),
+            keys.audit(queue),
             keys.payload(task_id),
         ],
         [
@@ -888,12 +944,12 @@ async def dlq_discard(
 
 
 async def dlq_purge(
-    db: Backend, rows: Sequence[tuple[str, str, str, str]], audit: Audit | None
+    db: Backend, queue: str, rows: Sequence[tuple[str, str, str, str]], audit: Audit | None
 ) -> int:
-    """dlq_purge.lua for one chunk of DLQ entries, (entry id, task id, metadata read, new
-    metadata or "") each; with no rows, only the audit entry is written. Returns how many
-    entries were removed."""
-    call_keys = [keys.DEAD_LETTER, keys.AUDIT]
+    """dlq_purge.lua for one chunk of the entries of ``queue``'s dead-letter stream (the one
+    stream in the flat layout), (entry id, task id, metadata read, new metadata or "") each;
+    with no rows, only the audit entry is written. Returns how many entries were removed."""
+    call_keys = [keys.dead_letter(queue), keys.audit(queue)]
     args: list[Any] = [*_audit(audit), db.settings.task_retention_s]
     for entry_id, task_id, metadata_read, metadata_new in rows:
         call_keys += [keys.task(task_id), keys.history(task_id), keys.payload(task_id)]
@@ -910,7 +966,11 @@ async def set_paused(db: Backend, queue: str, paused: bool, audit: Audit | None)
     reply = await db.scripts.call(
         db.redis,
         "set_paused",
-        [keys.queue_paused(queue), keys.QUEUES, keys.AUDIT],
+        [
+            keys.queue_paused(queue),
+            keys.audit(queue),
+            *(() if keys.cluster_layout() else (keys.QUEUES,)),
+        ],
         [queue, _flag(paused), keys.EVENTS, new_id(), *_audit(audit)],
     )
     return bool(reply)
@@ -949,11 +1009,11 @@ async def purge_queue(
     is written."""
     s = db.settings
     call_keys = [
-        keys.RETRY_SCHEDULE,
-        keys.RETRY_CLAIMED,
-        keys.EXPIRY,
-        keys.CANCELLED,
-        keys.AUDIT,
+        keys.retry_schedule(queue),
+        keys.retry_claimed(queue),
+        keys.expiry(queue),
+        keys.cancelled(queue),
+        keys.audit(queue),
         *keys.queue_streams(queue),
     ]
     args: list[Any] = [queue, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, *_audit(audit)]
@@ -1023,7 +1083,11 @@ async def remove_queue(
     calls: list[Call] = [
         (
             "remove_queue",
-            [keys.QUEUES, keys.queue_last_submit(queue), *keys.queue_streams(queue)],
+            [
+                keys.queue_last_submit(queue),
+                *keys.queue_streams(queue),
+                *(() if keys.cluster_layout() else (keys.QUEUES,)),
+            ],
             [
                 queue,
                 ttl_ms,
@@ -1055,10 +1119,15 @@ class LostEntry:
     worker_id: str = ""
 
 
-async def recover_many(db: Backend, lost: Sequence[LostEntry]) -> list[list[str] | Exception]:
+async def recover_many(
+    db: Backend, lost: Sequence[LostEntry], alive: Collection[str] = ()
+) -> list[list[str] | Exception]:
     """recover.lua for each lost entry, in one round trip: a new entry for its task when the
     script finds it still lost (and a running task's worker not alive). The reply of each,
-    ``["requeued", status, new entry id]`` or ``["skip", why]``, or its error, in order."""
+    ``["requeued", status, new entry id]`` or ``["skip", why]``, or its error, in order.
+    ``alive``: in the cluster layout, the worker ids the caller just found alive (the script
+    cannot read their hashes, in other slots); the flat layout's script reads them itself."""
+    flat = not keys.cluster_layout()
     calls: list[Call] = [
         (
             "recover",
@@ -1066,11 +1135,18 @@ async def recover_many(db: Backend, lost: Sequence[LostEntry]) -> list[list[str]
                 keys.task(one.task_id),
                 keys.history(one.task_id),
                 keys.stream(one.queue, one.priority),
-                keys.worker(one.worker_id or "-"),
-                keys.QUEUES,
                 keys.payload(one.task_id),
+                *((keys.worker(one.worker_id or "-"), keys.QUEUES) if flat else ()),
             ],
-            [one.task_id, one.entry_id, keys.CONSUMER_GROUP, one.worker_id, keys.EVENTS, new_id()],
+            [
+                one.task_id,
+                one.entry_id,
+                keys.CONSUMER_GROUP,
+                one.worker_id,
+                keys.EVENTS,
+                new_id(),
+                *(() if flat else (_flag(one.worker_id in alive),)),
+            ],
         )
         for one in lost
     ]

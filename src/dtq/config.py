@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     )
 
     redis_url: str = "redis://localhost:6379/0"
+    # A Redis Cluster: DTQ_REDIS_URL names any of its nodes, and keys take the cluster layout
+    # (dtq.keys; docs/redis-schema.md, "The cluster layout").
+    redis_cluster: bool = False
     api_host: str = "0.0.0.0"  # noqa: S104 - the contract's default; containers listen on all
     api_port: Annotated[int, Field(ge=1, le=65535)] = 8000
     ws_path: str = "/ws/events"

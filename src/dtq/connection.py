@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis as sync_redis
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
+
+from dtq import keys
 
 if TYPE_CHECKING:
     from dtq.config import Settings
@@ -134,7 +136,23 @@ def async_client(
     """The asyncio client every dtq process uses for ``settings``' Redis (SDK, API, worker):
     decoded strings, hiredis packing, a 5 s connect timeout, no retries.
 
+    With ``DTQ_REDIS_CLUSTER`` it is a :class:`redis.asyncio.RedisCluster` (typed as the
+    :class:`Redis` whose commands it shares): its commands go to their slot's node, it follows
+    MOVED/ASK and a failover inside the cluster, and :class:`dtq.scripts.Scripts` routes the
+    script calls; the process takes the cluster key layout (:func:`dtq.keys.use_layout`).
+
     Raises ``ValueError`` for a URL redis-py cannot parse (the caller names the setting)."""
+    keys.use_layout(settings.redis_cluster)
+    if settings.redis_cluster:
+        cluster = RedisCluster.from_url(
+            settings.redis_url,
+            decode_responses=True,
+            socket_connect_timeout=5,
+            socket_timeout=socket_timeout,
+            health_check_interval=health_check_interval,
+            retry=no_retry(),
+        )
+        return cast(Redis, cluster)
     return use_hiredis_packing(
         Redis.from_url(
             settings.redis_url,
@@ -150,7 +168,17 @@ def async_client(
 def sync_client(settings: Settings, *, socket_timeout: float) -> sync_redis.Redis:
     """The blocking client of the worker's heartbeat thread (its own connection, so a busy
     event loop cannot starve it): decoded strings, redis-py's retries (its beat and touch
-    are safe to send again)."""
+    are safe to send again). A :class:`redis.RedisCluster` with ``DTQ_REDIS_CLUSTER``."""
+    if settings.redis_cluster:
+        return cast(
+            sync_redis.Redis,
+            sync_redis.RedisCluster.from_url(
+                settings.redis_url,
+                decode_responses=True,
+                socket_connect_timeout=5,
+                socket_timeout=socket_timeout,
+            ),
+        )
     return sync_redis.Redis.from_url(
         settings.redis_url,
         decode_responses=True,

@@ -1,27 +1,52 @@
 """Every Redis key and channel name dtq uses; nowhere else writes ``"dtq:"``.
 
-The names are the contract's (section 2) plus the deliberate extensions of DESIGN 6 and 7, and
-the payload key of tasks an older dtq wrote; ``docs/redis-schema.md`` describes each one.
+Two layouts, chosen once per process by :func:`use_layout` (``DTQ_REDIS_CLUSTER``; the SDK,
+the worker and the API call it when they connect):
+
+- **flat** (the default): exactly the contract's names (section 2), plus the deliberate
+  extensions of DESIGN 6 and 7 and the payload key of tasks an older dtq wrote. Keys shared by
+  every queue (the retry schedule, the dead-letter stream, ...) are single keys; the functions
+  that take a ``queue`` for them ignore it.
+- **cluster**: every key a state-change script touches is in one hash slot, its queue's. A
+  queue's keys carry the hash tag ``{<queue>}`` (``dtq:{emails}:stream:p5``), and the keys the
+  contract shares between queues are made per queue (``dtq:{emails}:retry:schedule``). A task's
+  own keys carry the first five hex digits of its id as their tag (``dtq:{3f2a1}:task:<id>``):
+  ids are made (:func:`task_id_prefix`) so that those five digits hash to their queue's slot,
+  so a task is found from its id alone and still shares its queue's slot. What stays global
+  (the queue registry, the scheduler lock, the worker hashes, handler operation records, the
+  events channel) is written by single-key calls of its own.
+
+``docs/redis-schema.md`` describes each key in both layouts; which keys a script receives is
+in its header (``src/dtq/lua``).
 """
 
 from __future__ import annotations
+
+import functools
+from binascii import crc_hqx
+from collections.abc import Iterable
 
 __all__ = [
     "AUDIT",
     "CANCELLED",
     "CONSUMER_GROUP",
     "DEAD_LETTER",
-    "EVENTS",
     "EXPIRY",
-    "PREFIX",
-    "PRIORITIES",
-    "QUEUES",
     "RECENT",
     "RETRY_CLAIMED",
     "RETRY_SCHEDULE",
-    "SCHEDULER_LOCK",
     "TASK_MATCH",
+    "EVENTS",
+    "PREFIX",
+    "PRIORITIES",
+    "QUEUES",
+    "SCHEDULER_LOCK",
     "WORKERS",
+    "audit",
+    "cancelled",
+    "cluster_layout",
+    "dead_letter",
+    "expiry",
     "history",
     "idempotency",
     "operation",
@@ -29,11 +54,19 @@ __all__ = [
     "queue_last_submit",
     "queue_paused",
     "queue_streams",
+    "recent",
     "result",
+    "retry_claimed",
+    "retry_schedule",
+    "scopes",
+    "slot",
     "stream",
     "stream_queue",
     "task",
     "task_id_of",
+    "task_id_prefix",
+    "task_match",
+    "use_layout",
     "worker",
 ]
 
@@ -41,50 +74,184 @@ PREFIX = "dtq:"
 CONSUMER_GROUP = "workers"
 PRIORITIES = tuple(range(9, -1, -1))  # strict order of reading: p9 first
 
+# Global in both layouts.
+WORKERS = "dtq:workers"
+SCHEDULER_LOCK = "dtq:lock:scheduler"
+EVENTS = "dtq:events"  # pub/sub channel, not a key
+QUEUES = "dtq:queues"  # deliberate extension: set of the queue names in use (DESIGN 11)
+
+# The contract's names of the keys the flat layout shares between queues: what outside tools
+# read. dtq's own code reaches them through the functions below (dead_letter(queue), ...),
+# which give the cluster layout's per-queue keys too; tests/unit/test_keys.py keeps src/ off
+# these constants.
 DEAD_LETTER = "dtq:stream:dead-letter"
 AUDIT = "dtq:stream:audit"
 RETRY_SCHEDULE = "dtq:retry:schedule"
 RETRY_CLAIMED = "dtq:retry:claimed"
-WORKERS = "dtq:workers"
 CANCELLED = "dtq:cancelled"
 RECENT = "dtq:tasks:recent"
-SCHEDULER_LOCK = "dtq:lock:scheduler"
 EXPIRY = "dtq:expiry"  # deliberate extension (DESIGN 6)
-EVENTS = "dtq:events"  # pub/sub channel, not a key
-QUEUES = "dtq:queues"  # deliberate extension: set of the queue names in use (DESIGN 11)
+TASK_MATCH = "dtq:task:*"
+
+_CLUSTER = False
+SLOTS = 16384
+TAG_DIGITS = 5  # hex digits of a task id that are its keys' hash tag (cluster layout)
+
+
+def use_layout(cluster: bool) -> None:
+    """Choose the layout of this process's keys: the cluster one or the flat (contract) one.
+    Every process of one deployment must use the same (``DTQ_REDIS_CLUSTER``)."""
+    global _CLUSTER
+    _CLUSTER = cluster
+
+
+def cluster_layout() -> bool:
+    """Whether this process uses the cluster layout."""
+    return _CLUSTER
+
+
+def scopes(queues: Iterable[str]) -> list[str]:
+    """What to pass to :func:`dead_letter`, :func:`retry_schedule` and the other keys the flat
+    layout keeps once for every queue, to reach all of ``queues``' share of them: each queue
+    (once) in the cluster layout; in the flat one, ``[""]``, the one key whatever the queues."""
+    if _CLUSTER:
+        return list(dict.fromkeys(queues))
+    return [""]
+
+
+def slot(key: str) -> int:
+    """Redis Cluster's hash slot of ``key`` (CRC16 of its hash tag, or of the key, mod 16384)."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            key = key[start + 1 : end]
+    return crc_hqx(key.encode(), 0) % SLOTS
+
+
+@functools.lru_cache(maxsize=4096)
+def _slot_prefix(target: int) -> str:
+    """The smallest five-hex-digit string whose slot is ``target``: deterministic, so every
+    process gives a queue's tasks the same prefix. Every slot has one (there are 2**20
+    candidates for 2**14 slots; a unit test checks them all)."""
+    for n in range(16**TAG_DIGITS):
+        candidate = f"{n:05x}"
+        if crc_hqx(candidate.encode(), 0) % SLOTS == target:
+            return candidate
+    raise AssertionError(f"no {TAG_DIGITS}-hex-digit tag for slot {target}")  # pragma: no cover
+
+
+def task_id_prefix(queue: str) -> str:
+    """What a new task id of ``queue`` starts with: nothing in the flat layout; in the cluster
+    one, the five hex digits that make the task's keys share its queue's slot."""
+    if not _CLUSTER:
+        return ""
+    return _slot_prefix(slot("{" + queue + "}"))
+
+
+def _q(queue: str) -> str:
+    return "dtq:{" + queue + "}:"
+
+
+def _t(task_id: str) -> str:
+    return "dtq:{" + task_id[:TAG_DIGITS] + "}:task:" + task_id
+
+
+# -- a queue's keys -------------------------------------------------------------------------------
 
 
 def stream(queue: str, priority: int) -> str:
+    if _CLUSTER:
+        return f"dtq:{{{queue}}}:stream:p{priority}"
     return f"dtq:stream:{queue}:p{priority}"
 
 
 def queue_streams(queue: str) -> list[str]:
     """The queue's ten streams, p9 first (the order workers read them in)."""
-    return [f"dtq:stream:{queue}:p{p}" for p in PRIORITIES]
+    return [stream(queue, p) for p in PRIORITIES]
 
 
 def stream_queue(stream_key: str) -> tuple[str, int]:
-    """Inverse of :func:`stream`: ``dtq:stream:<queue>:p<N>`` -> (queue, N)."""
+    """Inverse of :func:`stream`: the stream's (queue, priority)."""
+    if _CLUSTER:  # dtq:{<queue>}:stream:p<N>
+        tag_end = stream_key.index("}")
+        return stream_key[5:tag_end], int(stream_key[tag_end + 10 :])
     _, _, queue, band = stream_key.split(":")
     return queue, int(band[1:])
 
 
+def queue_paused(queue: str) -> str:
+    return _q(queue) + "paused" if _CLUSTER else f"dtq:queue:{queue}:paused"
+
+
+def queue_last_submit(queue: str) -> str:
+    """The Redis time (epoch ms) of the queue's last submit: written by submit.lua, read and
+    deleted by remove_queue.lua (docs/redis-schema.md, "Queue lifetime")."""
+    return _q(queue) + "last_submit" if _CLUSTER else f"dtq:queue:{queue}:last_submit"
+
+
+def idempotency(queue: str, key: str | None) -> str:
+    """The idempotency record's key; a task without a key gets a placeholder never written
+    (in its queue's slot, in the cluster layout)."""
+    if _CLUSTER:
+        return _q(queue) + ("idempotency:" + key if key else "idempotency:-")
+    return f"dtq:idempotency:{queue}:{key}" if key else "dtq:idempotency:-"
+
+
+# -- shared by every queue in the flat layout, one per queue in the cluster one ------------------
+
+
+def retry_schedule(queue: str) -> str:
+    return _q(queue) + "retry:schedule" if _CLUSTER else RETRY_SCHEDULE
+
+
+def retry_claimed(queue: str) -> str:
+    return _q(queue) + "retry:claimed" if _CLUSTER else RETRY_CLAIMED
+
+
+def expiry(queue: str) -> str:
+    """Deliberate extension (DESIGN 6): not-started tasks by deadline."""
+    return _q(queue) + "expiry" if _CLUSTER else EXPIRY
+
+
+def cancelled(queue: str) -> str:
+    return _q(queue) + "cancelled" if _CLUSTER else CANCELLED
+
+
+def recent(queue: str) -> str:
+    return _q(queue) + "tasks:recent" if _CLUSTER else RECENT
+
+
+def dead_letter(queue: str) -> str:
+    """The dead-letter stream of ``queue``'s tasks (the task's original queue)."""
+    return _q(queue) + "stream:dead-letter" if _CLUSTER else DEAD_LETTER
+
+
+def audit(queue: str) -> str:
+    """The audit stream an operation on ``queue`` (or one of its tasks) is recorded in."""
+    return _q(queue) + "stream:audit" if _CLUSTER else AUDIT
+
+
+# -- a task's keys ------------------------------------------------------------------------------
+
+
 def task(task_id: str) -> str:
-    return f"dtq:task:{task_id}"
+    return _t(task_id) if _CLUSTER else f"dtq:task:{task_id}"
 
 
-TASK_MATCH = "dtq:task:*"
-"""SCAN pattern of the task hashes (with ``TYPE hash``: a task's history and an older dtq's
-payload key match it too)."""
+def task_match() -> str:
+    """SCAN pattern of the task hashes (with ``TYPE hash``: a task's history and an older dtq's
+    payload key match it too)."""
+    return "dtq:{*}:task:*" if _CLUSTER else TASK_MATCH
 
 
 def task_id_of(task_key: str) -> str:
-    """Inverse of :func:`task`: ``dtq:task:<task_id>`` -> the task id."""
-    return task_key[len("dtq:task:") :]
+    """Inverse of :func:`task`: the task id in a task hash's key."""
+    return task_key.rsplit(":", 1)[1]
 
 
 def history(task_id: str) -> str:
-    return f"dtq:task:{task_id}:history"
+    return _t(task_id) + ":history" if _CLUSTER else f"dtq:task:{task_id}:history"
 
 
 def payload(task_id: str) -> str:
@@ -92,17 +259,17 @@ def payload(task_id: str) -> str:
     writes it now (the payload is the hash's ``payload`` field, contract section 2): the
     scripts that give a task a lifetime receive it to move such a key into the hash, and reads
     fall back to it for a task not moved yet (docs/redis-schema.md, "Tasks an older dtq
-    wrote")."""
-    return f"dtq:task:{task_id}:payload"
+    wrote"). The cluster layout never had it; its scripts receive the name all the same."""
+    return _t(task_id) + ":payload" if _CLUSTER else f"dtq:task:{task_id}:payload"
 
 
 def result(task_id: str) -> str:
+    if _CLUSTER:
+        return "dtq:{" + task_id[:TAG_DIGITS] + "}:result:" + task_id
     return f"dtq:result:{task_id}"
 
 
-def idempotency(queue: str, key: str | None) -> str:
-    """The idempotency record's key; a task without a key gets a placeholder never written."""
-    return f"dtq:idempotency:{queue}:{key}" if key else "dtq:idempotency:-"
+# -- global in both layouts ---------------------------------------------------------------------
 
 
 def operation(key: str) -> str:
@@ -112,13 +279,3 @@ def operation(key: str) -> str:
 
 def worker(worker_id: str) -> str:
     return f"dtq:worker:{worker_id}"
-
-
-def queue_paused(queue: str) -> str:
-    return f"dtq:queue:{queue}:paused"
-
-
-def queue_last_submit(queue: str) -> str:
-    """The Redis time (epoch ms) of the queue's last submit: written by submit.lua, read and
-    deleted by remove_queue.lua (docs/redis-schema.md, "Queue lifetime")."""
-    return f"dtq:queue:{queue}:last_submit"

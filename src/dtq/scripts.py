@@ -7,6 +7,13 @@ is a plain EVALSHA (no pipeline machinery); a batch is one write of all its EVAL
 pooled connection and its replies read in order: one round trip, no SCRIPT EXISTS before it
 (as redis-py's pipeline would add), no timer per reply.
 
+On a Redis Cluster (a :class:`redis.asyncio.RedisCluster`, ``DTQ_REDIS_CLUSTER``) each call
+goes to the primary of its keys' slot (every script's keys share one slot: :mod:`dtq.keys`); a
+batch is split by node, each node's share written on one of its connections, the nodes
+concurrently. A MOVED or ASK reply means the call did not run: it is sent again where the
+cluster says (MOVED also updates the slot table); a lost connection refreshes the slot table
+before it is raised (a failover moved the slot, and the next call goes to the new primary).
+
 A call is sent at most once. Once its bytes may have reached Redis, a lost connection or a
 timeout is raised to the caller, never retried, whatever retry policy the client was built
 with (redis-py's ``execute_command`` would send the EVALSHA again, and submit, start,
@@ -17,16 +24,21 @@ dtq's own clients pin retries off as well (:func:`dtq.connection.no_retry`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import math
 from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import AskError, MovedError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from dtq.keys import slot
 
 __all__ = ["SCRIPT_NAMES", "Call", "Scripts"]
 
@@ -75,7 +87,11 @@ class Scripts:
             self.sha[name] = hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
         self._on_call = on_call
 
-    async def load(self, redis: Redis) -> None:
+    async def load(self, redis: Redis | RedisCluster) -> None:
+        if isinstance(redis, RedisCluster):  # SCRIPT LOAD goes to every primary
+            for src in self.source.values():
+                await redis.script_load(src)
+            return
         pipe = redis.pipeline(transaction=False)
         for src in self.source.values():
             pipe.script_load(src)
@@ -88,6 +104,13 @@ class Scripts:
     async def _call_one(
         self, redis: Redis, name: str, keys: Sequence[str], args: Sequence[Any]
     ) -> Any:
+        if isinstance(redis, RedisCluster):
+            (reply,) = await self._cluster_calls(redis, [(name, keys, args)])
+            if self._on_call is not None:
+                self._on_call(name, not isinstance(reply, ResponseError))
+            if isinstance(reply, ResponseError):
+                raise reply
+            return reply
         command = ("EVALSHA", self.sha[name], len(keys), *keys, *args)
         # On a pooled connection of its own, not through execute_command: that retries by the
         # client's policy, and it would count the call in a per-command metrics hook
@@ -120,6 +143,12 @@ class Scripts:
                 return [await self._call_one(redis, *calls[0])]
             except ResponseError as exc:  # the script's error, for that call alone
                 return [exc]
+        if isinstance(redis, RedisCluster):
+            results = await self._cluster_calls(redis, calls)
+            if self._on_call is not None:
+                for (name, _, _), r in zip(calls, results, strict=True):
+                    self._on_call(name, not isinstance(r, Exception))
+            return results
         results = await self._send(redis, calls)
         missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
         if missing:
@@ -148,6 +177,81 @@ class Scripts:
             NoScriptError(str(r)) if isinstance(r, ResponseError) and _is_noscript(r) else r
             for r in results
         ]
+
+    async def _cluster_calls(self, redis: RedisCluster, calls: Sequence[Call]) -> list[Any]:
+        """``calls`` on a cluster: each to its slot's primary, one write per node, the nodes
+        concurrently; again where a MOVED or ASK reply says (the call did not run), or after
+        loading the scripts on a NOSCRIPT. A lost connection is raised (some calls may have
+        run) once the slot table is refreshed."""
+        if not redis.nodes_manager.slots_cache:
+            await redis.initialize()
+        results: list[Any] = [None] * len(calls)
+        todo: list[tuple[int, ClusterNode | None]] = [(i, None) for i in range(len(calls))]
+        for _ in range(_REDIRECTS):
+            groups: dict[str, tuple[ClusterNode, bool, list[int]]] = {}
+            for i, asked in todo:
+                node = asked or redis.nodes_manager.get_node_from_slot(slot(calls[i][1][0]))
+                group = groups.setdefault(
+                    f"{node.name}:{asked is not None}", (node, asked is not None, [])
+                )
+                group[2].append(i)
+            sent = await asyncio.gather(
+                *(
+                    self._node_send(node, ask, [calls[i] for i in idx])
+                    for node, ask, idx in groups.values()
+                ),
+                return_exceptions=True,
+            )
+            failed = next((r for r in sent if isinstance(r, BaseException)), None)
+            if failed is not None:
+                if isinstance(failed, (RedisConnectionError, RedisTimeoutError, OSError)):
+                    with contextlib.suppress(RedisError, OSError):
+                        await redis.nodes_manager.initialize()
+                raise failed
+            todo = []
+            noscript = False
+            for (_, _, idx), replies in zip(groups.values(), sent, strict=True):
+                assert isinstance(replies, list)
+                for i, r in zip(idx, replies, strict=True):
+                    if isinstance(r, MovedError):
+                        await redis.nodes_manager.move_slot(r)
+                        todo.append((i, None))
+                    elif isinstance(r, AskError):
+                        target = redis.nodes_manager.get_node(host=r.host, port=r.port)
+                        todo.append((i, target))
+                    elif isinstance(r, ResponseError) and _is_noscript(r):
+                        noscript = True
+                        todo.append((i, None))
+                    else:
+                        results[i] = r
+            if noscript:
+                await self.load(redis)
+            if not todo:
+                return results
+        raise RedisConnectionError(
+            f"{len(todo)} script calls still redirected after {_REDIRECTS} tries"
+        )
+
+    async def _node_send(self, node: ClusterNode, asking: bool, calls: Sequence[Call]) -> list[Any]:
+        """``calls`` on one connection of ``node`` (after ASKING, for an ASK redirection), one
+        write, their replies in order."""
+        commands: list[Sequence[Any]] = []
+        for n, k, a in calls:
+            if asking:
+                commands.append(("ASKING",))
+            commands.append(("EVALSHA", self.sha[n], len(k), *k, *a))
+        conn = node.acquire_connection()
+        try:
+            replies = await _exchange(conn, commands)
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            raise
+        finally:
+            node.release(conn)
+        return replies[1::2] if asking else replies
+
+
+_REDIRECTS = 5  # MOVED / ASK / NOSCRIPT rounds a cluster batch follows before giving up
 
 
 async def _send_once(redis: Redis, command: Sequence[Any]) -> Any:

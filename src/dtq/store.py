@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,7 +21,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from dtq import calls, keys
-from dtq.calls import RECENT_CAP, SUBMIT_CHUNK, SubmitReply, new_id
+from dtq.calls import RECENT_CAP, SUBMIT_CHUNK, SubmitReply, new_id, new_task_id
 from dtq.config import Settings
 from dtq.errors import (
     DtqError,
@@ -56,6 +57,8 @@ class Store:
     _pending: builtins.list[tuple[SubmitRequest, asyncio.Future[_Outcome]]] = field(
         default_factory=list, init=False, repr=False, compare=False
     )
+    # Cluster layout: when this process last added each queue to dtq:queues (monotonic s).
+    _listed: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _flushing: set[asyncio.Task[None]] = field(
         default_factory=set, init=False, repr=False, compare=False
     )
@@ -126,8 +129,10 @@ class Store:
         batch each get their own outcome. A lost connection is raised: no outcome is known."""
         if not reqs:
             return []
-        ids = [new_id() for _ in reqs]
+        ids = [new_task_id(req.queue) for req in reqs]
         replies = await calls.submit(self, reqs, ids)
+        if keys.cluster_layout():
+            await self._register(reqs, replies)
         # Replays return the stored tasks: all of them read in one more round trip.
         dup_ids = [r.task_id for r in replies if not isinstance(r, Exception) and r.kind == "dup"]
         stored = {t.task_id: t for t in await self.get_many(dup_ids)}
@@ -152,6 +157,29 @@ class Store:
             else:
                 out.append(_submit_error(req, reply))
         return out
+
+    async def _register(
+        self, reqs: Sequence[SubmitRequest], replies: Sequence[SubmitReply | ResponseError]
+    ) -> None:
+        """Cluster layout: add the queues of the tasks just accepted to ``dtq:queues``, a key in
+        another slot than theirs, after their submit (docs/redis-schema.md, "The cluster
+        layout": with remove_queue's order, a queue with accepted work is always listed). A
+        queue this process listed less than half ``DTQ_QUEUE_IDLE_TTL_S`` ago (at most a
+        minute) is not sent again: it cannot have been removed since, as its submits kept it
+        busy."""
+        now = time.monotonic()
+        ttl = min(60.0, self.settings.queue_idle_ttl_s / 2)
+        todo = {
+            req.queue
+            for req, reply in zip(reqs, replies, strict=True)
+            if not isinstance(reply, ResponseError)
+            and reply.kind == "new"
+            and now - self._listed.get(req.queue, -ttl) >= ttl
+        }
+        if todo:
+            await self.redis.sadd(keys.QUEUES, *todo)
+            for q in todo:
+                self._listed[q] = now
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -201,25 +229,45 @@ class Store:
         task_type: str | None = None,
         limit: int = 50,
     ) -> builtins.list[Task]:
-        """Recent tasks first (from ``dtq:tasks:recent``), filtered; at most ``limit``."""
+        """Recent tasks first (from ``dtq:tasks:recent``; in the cluster layout, each queue's
+        index, merged by submit time), filtered; at most ``limit``."""
         limit = max(1, min(limit, RECENT_CAP))
-        found: builtins.list[str] = []
+        if not keys.cluster_layout():
+            scopes = [queue or ""]
+        else:
+            scopes = [queue] if queue is not None else await self.queues()
+        found: builtins.list[tuple[float, str]] = []
+        for scope in scopes:
+            found += await self._recent(keys.recent(scope), queue, status, task_type, limit)
+        found.sort(reverse=True)
+        return await self.get_many([tid for _, tid in found[:limit]])
+
+    async def _recent(
+        self,
+        index: str,
+        queue: str | None,
+        status: TaskStatus | None,
+        task_type: str | None,
+        limit: int,
+    ) -> builtins.list[tuple[float, str]]:
+        """The newest ``limit`` (score, task id) of the recent index ``index`` that match."""
+        found: builtins.list[tuple[float, str]] = []
         start = 0
         while len(found) < limit and start < RECENT_CAP:
-            ids = cast(
-                builtins.list[str],
-                await self.redis.zrevrange(keys.RECENT, start, start + _LIST_CHUNK - 1),
+            page = cast(
+                builtins.list[tuple[str, float]],
+                await self.redis.zrevrange(index, start, start + _LIST_CHUNK - 1, withscores=True),
             )
-            if not ids:
+            if not page:
                 break
             start += _LIST_CHUNK
             if queue is None and status is None and task_type is None:
-                found.extend(ids)
+                found.extend((score, tid) for tid, score in page)
                 continue
             pipe = self.redis.pipeline(transaction=False)
-            for tid in ids:
+            for tid, _ in page:
                 pipe.hmget(keys.task(tid), "queue", "status", "task_type")
-            for tid, (q, st, tt) in zip(ids, await pipe.execute(), strict=True):
+            for (tid, score), (q, st, tt) in zip(page, await pipe.execute(), strict=True):
                 if st is None:
                     continue
                 if queue is not None and q != queue:
@@ -228,8 +276,8 @@ class Store:
                     continue
                 if task_type is not None and tt != task_type:
                     continue
-                found.append(tid)
-        return await self.get_many(found[:limit])
+                found.append((score, tid))
+        return found[:limit]
 
     async def history(self, task_id: str) -> builtins.list[HistoryEntry]:
         """Every state change of the task, oldest first."""
@@ -243,6 +291,11 @@ class Store:
 
     async def queues(self) -> builtins.list[str]:
         return sorted(cast(set[str], await self.redis.smembers(keys.QUEUES)))
+
+    async def scopes(self) -> builtins.list[str]:
+        """:func:`dtq.keys.scopes` of every queue: ``[""]`` in the flat layout (no round trip),
+        the queues of ``dtq:queues`` in the cluster one."""
+        return keys.scopes(await self.queues()) if keys.cluster_layout() else [""]
 
     async def ensure_groups(self, queue: str) -> None:
         """Create the consumer group on all ten streams of ``queue`` (idempotent), and list the

@@ -492,7 +492,13 @@ async def test_scripts_refuse_metadata_changed_since_it_was_read(queue: Queue, r
     dead = await queue.submit("echo_task", {}, metadata={"a": 1})
     await dead_letter(r, dead.task_id)
     reply = await calls.dlq_discard(
-        queue.store, dead.task_id, '{"a":0}', '{"a":0,"discarded":true}', "", Audit("someone")
+        queue.store,
+        dead.task_id,
+        dead.queue,
+        '{"a":0}',
+        '{"a":0,"discarded":true}',
+        "",
+        Audit("someone"),
     )
     assert reply == calls.DlqReply(False, "STALE")
     assert await r.xlen(keys.DEAD_LETTER) == 1 and await audit_entries(r) == []

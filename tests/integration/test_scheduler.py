@@ -241,7 +241,7 @@ async def test_claim_due_returns_stale_claims_to_the_schedule(queue: Queue, r: R
     now = await redis_time_ms(r)
     await r.zadd(keys.RETRY_CLAIMED, {"old": now - 61_000, "new": now})
     await r.zadd(keys.RETRY_SCHEDULE, {"later": now + 60_000})
-    got = await calls.claim_due(queue.store, 1, 60_000)
+    got = await calls.claim_due(queue.store, "", 1, 60_000)
     assert got == Claimed(["old"], 1, got.now_ms)
     assert abs(got.now_ms - await redis_time_ms(r)) < 1000
     assert await r.zrange(keys.RETRY_SCHEDULE, 0, -1) == ["later"]

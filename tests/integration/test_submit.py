@@ -399,7 +399,7 @@ async def test_a_redis_error_in_one_task_of_a_batch(queue: Queue, r: Redis) -> N
     await r.set(keys.task("d" * 32), "not a hash")
     drawn = iter(["d" * 32])
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("dtq.store.new_id", lambda: next(drawn))
+        mp.setattr("dtq.store.new_task_id", lambda queue: next(drawn))
         with pytest.raises(ResponseError, match="WRONGTYPE"):
             await queue.submit("echo_task", {})
 

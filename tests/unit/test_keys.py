@@ -60,3 +60,75 @@ def test_stream_queue_inverse(queue: str, priority: int) -> None:
 def test_dead_letter_stream_is_not_a_task_stream() -> None:
     # A queue named "dead-letter" would own dtq:stream:dead-letter:p<N>, never the DLQ key.
     assert keys.DEAD_LETTER not in keys.queue_streams("dead-letter")
+
+
+FLAT_ONLY = ("DEAD_LETTER", "AUDIT", "RETRY_SCHEDULE", "RETRY_CLAIMED", "CANCELLED", "RECENT")
+FLAT_ONLY += ("EXPIRY", "TASK_MATCH")
+
+
+def test_src_reaches_the_shared_keys_through_the_layout() -> None:
+    """The contract's constants are the flat layout's names only: code that used them would
+    write one key for every queue on a cluster, in another slot than the scripts' others."""
+    import pathlib
+    import re
+
+    src = pathlib.Path(keys.__file__).parent
+    used = re.compile(r"keys\.(" + "|".join(FLAT_ONLY) + r")\b")
+    offenders = [
+        f"{path.relative_to(src)}:{n}"
+        for path in src.rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if used.search(line)
+    ]
+    assert offenders == []
+
+
+@given(st.from_regex(r"[a-z0-9_-]{1,64}", fullmatch=True), st.integers(0, 9))
+def test_cluster_layout_puts_a_queue_and_its_tasks_in_one_slot(queue: str, priority: int) -> None:
+    from dtq.calls import new_task_id
+
+    keys.use_layout(True)
+    try:
+        task_id = new_task_id(queue)
+        assert len(task_id) == 32 and task_id[12] == "4"  # still a uuid4 as 32 hex digits
+        queue_keys = [
+            keys.stream(queue, priority),
+            keys.queue_paused(queue),
+            keys.queue_last_submit(queue),
+            keys.idempotency(queue, "k"),
+            keys.idempotency(queue, None),
+            keys.retry_schedule(queue),
+            keys.retry_claimed(queue),
+            keys.expiry(queue),
+            keys.cancelled(queue),
+            keys.recent(queue),
+            keys.dead_letter(queue),
+            keys.audit(queue),
+        ]
+        task_keys = [
+            keys.task(task_id),
+            keys.history(task_id),
+            keys.payload(task_id),
+            keys.result(task_id),
+        ]
+        assert {keys.slot(k) for k in queue_keys + task_keys} == {keys.slot("{" + queue + "}")}
+        assert keys.stream_queue(keys.stream(queue, priority)) == (queue, priority)
+        assert keys.task_id_of(keys.task(task_id)) == task_id
+        assert keys.task(task_id) == "dtq:{" + task_id[:5] + "}:task:" + task_id
+    finally:
+        keys.use_layout(False)
+
+
+def test_every_slot_has_a_task_id_prefix() -> None:
+    from binascii import crc_hqx
+
+    slots = {crc_hqx(f"{n:05x}".encode(), 0) % keys.SLOTS for n in range(16**keys.TAG_DIGITS)}
+    assert len(slots) == keys.SLOTS
+
+
+def test_slot_matches_redis_cluster() -> None:
+    """Values from CLUSTER KEYSLOT (Redis's documentation examples and a hash tag)."""
+    assert keys.slot("foo") == 12182
+    assert keys.slot("{user1000}.following") == keys.slot("{user1000}.followers")
+    assert keys.slot("{}foo") == keys.slot("{}foo")  # an empty tag: the whole key is hashed
+    assert keys.slot("a{b}c") == keys.slot("b")

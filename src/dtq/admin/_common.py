@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, cast
 
+from dtq import keys
 from dtq.calls import Audit
 from dtq.models import check_queue_name as check_queue
+from dtq.store import Store
 
 __all__ = [
     "CHUNK",
@@ -19,6 +22,7 @@ __all__ = [
     "StreamRows",
     "check_queue",
     "load_metadata",
+    "newest_entries",
     "stream_rows",
 ]
 
@@ -42,3 +46,26 @@ def load_metadata(raw: str | None) -> dict[str, Any]:
 
 def stream_rows(reply: Any) -> StreamRows:
     return cast(StreamRows, reply or [])
+
+
+def _entry_order(row: tuple[str, dict[str, str]]) -> tuple[int, int]:
+    ms, _, seq = row[0].partition("-")
+    return int(ms), int(seq or 0)
+
+
+async def newest_entries(
+    store: Store, stream: Callable[[str], str], limit: int, also: str | None = None
+) -> StreamRows:
+    """The newest ``limit`` entries of the stream ``stream(scope)`` names (the dead-letter or
+    the audit stream), newest first: one XREVRANGE in the flat layout; one per queue's stream
+    (and ``also``'s, a queue that may not be listed) in the cluster layout, merged by entry id
+    (the Redis time each was added at)."""
+    rows: StreamRows = []
+    scopes = await store.scopes()
+    if keys.cluster_layout() and also is not None and also not in scopes:
+        scopes.append(also)
+    for scope in scopes:
+        rows += stream_rows(await store.redis.xrevrange(stream(scope), "+", "-", count=limit))
+    if len(scopes) > 1:
+        rows.sort(key=_entry_order, reverse=True)
+    return rows[:limit]

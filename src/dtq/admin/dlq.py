@@ -19,6 +19,7 @@ from dtq.admin._common import (
     SCAN_CHUNK,
     Audit,
     load_metadata,
+    newest_entries,
     stream_rows,
 )
 from dtq.calls import DlqReply
@@ -31,24 +32,27 @@ __all__ = ["dlq_discard", "dlq_get", "dlq_list", "dlq_purge", "dlq_requeue"]
 
 
 async def dlq_list(store: Store, limit: int = 50) -> list[DeadLetter]:
-    """The newest ``limit`` dead letters first (XREVRANGE)."""
+    """The newest ``limit`` dead letters first (XREVRANGE; in the cluster layout, of each
+    queue's dead-letter stream, merged newest first)."""
     limit = max(1, min(limit, LIST_CAP))
-    rows = stream_rows(await store.redis.xrevrange(keys.DEAD_LETTER, "+", "-", count=limit))
+    rows = await newest_entries(store, keys.dead_letter, limit)
     return [DeadLetter.from_entry(eid, fields) for eid, fields in rows]
 
 
 async def _find_dlq_entry(
-    store: Store, task_id: str, hint: str | None
+    store: Store, task_id: str, queue: str, hint: str | None
 ) -> tuple[str, dict[str, str]] | None:
-    """The task's DLQ entry: the hash's ``dlq_entry_id`` first, else a scan, newest first."""
+    """The task's DLQ entry (in its ``queue``'s dead-letter stream): the hash's
+    ``dlq_entry_id`` first, else a scan, newest first."""
     redis = store.redis
+    dead_letter = keys.dead_letter(queue)
     if hint:
-        rows = stream_rows(await redis.xrange(keys.DEAD_LETTER, hint, hint))
+        rows = stream_rows(await redis.xrange(dead_letter, hint, hint))
         if rows and rows[0][1].get("task_id") == task_id:
             return rows[0][0], rows[0][1]
     top = "+"
     while True:
-        rows = stream_rows(await redis.xrevrange(keys.DEAD_LETTER, top, "-", count=SCAN_CHUNK))
+        rows = stream_rows(await redis.xrevrange(dead_letter, top, "-", count=SCAN_CHUNK))
         for eid, fields in rows:
             if fields.get("task_id") == task_id:
                 return eid, fields
@@ -80,9 +84,9 @@ async def dlq_get(store: Store, task_id: str) -> DeadLetter:
     """The task's dead-letter entry; NotInDeadLetterError when it has none."""
     h = cast(
         list[str | None],
-        await store.redis.hmget(keys.task(task_id), "status", "dlq_entry_id", "metadata"),
+        await store.redis.hmget(keys.task(task_id), "status", "dlq_entry_id", "metadata", "queue"),
     )
-    found = await _find_dlq_entry(store, task_id, h[1])
+    found = await _find_dlq_entry(store, task_id, h[3] or "", h[1])
     if found is None:
         raise _not_in_dlq(task_id, h[0], load_metadata(h[2]))
     return DeadLetter.from_entry(*found)
@@ -104,7 +108,7 @@ async def _dead_lettered(
         raise _not_in_dlq(task_id, h.get("status"), meta)
     fallback = ""
     if not h.get("dlq_entry_id"):
-        found = await _find_dlq_entry(store, task_id, None)
+        found = await _find_dlq_entry(store, task_id, h.get("queue", ""), None)
         fallback = found[0] if found else ""
     return h, meta, fallback
 
@@ -179,7 +183,13 @@ async def dlq_discard(store: Store, task_id: str, *, audit: Audit | None = None)
         h, meta, fallback = await _dead_lettered(store, task_id, "discarded")
         meta["discarded"] = True
         reply = await calls.dlq_discard(
-            store, task_id, h.get("metadata", ""), compact_json(meta), fallback, audit
+            store,
+            task_id,
+            h.get("queue", ""),
+            h.get("metadata", ""),
+            compact_json(meta),
+            fallback,
+            audit,
         )
         if reply.ok:
             return
@@ -190,19 +200,37 @@ async def dlq_discard(store: Store, task_id: str, *, audit: Audit | None = None)
 
 
 async def dlq_purge(store: Store, *, audit: Audit | None = None) -> int:
-    """Empty the DLQ stream of every entry it holds now; returns how many were removed.
+    """Empty the DLQ stream of every entry it holds now (each queue's, in the cluster layout);
+    returns how many were removed.
 
     Chunks of ``CHUNK`` entries, oldest first, up to the newest entry seen at the start (a task
-    dead-lettered meanwhile stays). Each removed entry's task is marked ``discarded``.
+    dead-lettered meanwhile stays). Each removed entry's task is marked ``discarded``. The
+    operation's audit entry goes with the first chunk (of each queue that had entries, in the
+    cluster layout, whose audit streams are per queue); with nothing to remove it is still
+    written (to ``default``'s audit stream in the cluster layout).
     """
+    removed = 0
+    audited = False
+    for scope in await store.scopes():
+        n, wrote = await _purge_scope(store, scope, audit)
+        removed += n
+        audited = audited or wrote
+    if audit is not None and not audited:  # nothing was there: the purge is still recorded
+        await calls.dlq_purge(store, "default", [], audit)
+    return removed
+
+
+async def _purge_scope(store: Store, scope: str, audit: Audit | None) -> tuple[int, bool]:
+    """:func:`dlq_purge` of one dead-letter stream: (entries removed, audit entry written)."""
     redis = store.redis
-    newest = stream_rows(await redis.xrevrange(keys.DEAD_LETTER, "+", "-", count=1))
+    dead_letter = keys.dead_letter(scope)
+    newest = stream_rows(await redis.xrevrange(dead_letter, "+", "-", count=1))
     end = newest[0][0] if newest else None
     pending_audit = audit
     removed = 0
     start = "-"
     while end is not None:
-        rows = stream_rows(await redis.xrange(keys.DEAD_LETTER, start, end, count=CHUNK))
+        rows = stream_rows(await redis.xrange(dead_letter, start, end, count=CHUNK))
         if not rows:
             break
         pipe = redis.pipeline(transaction=False)
@@ -214,11 +242,9 @@ async def dlq_purge(store: Store, *, audit: Audit | None = None) -> int:
             if status == TaskStatus.DEAD_LETTERED:
                 new = compact_json({**load_metadata(raw), "discarded": True})
             chunk.append((eid, fields.get("task_id", ""), raw or "", new))
-        removed += await calls.dlq_purge(store, chunk, pending_audit)
+        removed += await calls.dlq_purge(store, scope, chunk, pending_audit)
         pending_audit = None  # the first chunk carried the operation's audit entry
         if len(rows) < CHUNK:
             break
         start = "(" + rows[-1][0]
-    if pending_audit is not None:  # nothing was there: the purge is still recorded
-        await calls.dlq_purge(store, [], pending_audit)
-    return removed
+    return removed, audit is not None and pending_audit is None

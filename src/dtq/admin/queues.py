@@ -72,7 +72,7 @@ class _Purge:
 
     async def scheduled(self) -> None:
         """Delayed and retrying members (and those the scheduler is promoting right now)."""
-        for zkey in (keys.RETRY_SCHEDULE, keys.RETRY_CLAIMED):
+        for zkey in (keys.retry_schedule(self.queue), keys.retry_claimed(self.queue)):
             batch: list[_Candidate] = []
             async for member, _ in self.store.redis.zscan_iter(zkey, count=SCAN_CHUNK):
                 batch.append((member, "", ""))

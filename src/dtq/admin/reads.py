@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from redis.exceptions import ResponseError
 
 from dtq import keys
-from dtq.admin._common import LIST_CAP, SCAN_CHUNK, check_queue, stream_rows
+from dtq.admin._common import LIST_CAP, SCAN_CHUNK, check_queue, newest_entries
 from dtq.clock import time_reply_ms
 from dtq.errors import WorkerNotFoundError
 from dtq.records import (
@@ -45,20 +45,23 @@ async def _stats(store: Store, queues: Sequence[str]) -> list[QueueStats]:
     """Round trip 1: every XLEN, XPENDING and paused flag, the DLQ's XLEN, the worker set and
     the Redis clock; 2: the worker hashes; then the chunked pass over the schedule."""
     redis = store.redis
+    dead_letters = [keys.dead_letter(scope) for scope in await store.scopes()]
     pipe = redis.pipeline(transaction=False)
     for q in queues:
         read_depth(pipe, q)
         pipe.exists(keys.queue_paused(q))
-    pipe.xlen(keys.DEAD_LETTER)
+    for key in dead_letters:  # every queue's, in the cluster layout: dlq_depth is the total
+        pipe.xlen(key)
     pipe.smembers(keys.WORKERS)
     pipe.time()
     replies = await pipe.execute(raise_on_error=False)
     for reply in replies:
         if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
             raise reply
-    dlq_depth, members, now = replies[-3:]
+    members, now = replies[-2:]
+    dlq_depth = sum(int(n) for n in replies[-2 - len(dead_letters) : -2])
     live = [w for w in await _worker_infos(store, members, time_reply_ms(now)) if w.alive]
-    scheduled = await _scheduled_per_queue(store)
+    scheduled = await _scheduled_per_queue(store, queues)
     out = []
     per_queue = DEPTH_READS + 1
     for i, q in enumerate(queues):
@@ -79,9 +82,16 @@ async def _stats(store: Store, queues: Sequence[str]) -> list[QueueStats]:
     return out
 
 
-async def _scheduled_per_queue(store: Store) -> Counter[str]:
-    """Members of ``dtq:retry:schedule`` per queue: one pass over the zset in chunks."""
+async def _scheduled_per_queue(store: Store, queues: Sequence[str]) -> Counter[str]:
+    """Members of ``dtq:retry:schedule`` per queue: one pass over the zset in chunks (in the
+    cluster layout, each of ``queues`` has its own: their ZCARDs)."""
     counts: Counter[str] = Counter()
+    if keys.cluster_layout():
+        pipe = store.redis.pipeline(transaction=False)
+        for q in queues:
+            pipe.zcard(keys.retry_schedule(q))
+        counts.update(dict(zip(queues, await pipe.execute(), strict=True)))
+        return counts
     seen: set[str] = set()  # ZSCAN may return a member twice
     batch: list[str] = []
 
@@ -91,7 +101,7 @@ async def _scheduled_per_queue(store: Store) -> Counter[str]:
             pipe.hget(keys.task(tid), "queue")
         counts.update(q for q in await pipe.execute() if q)
 
-    async for member, _ in store.redis.zscan_iter(keys.RETRY_SCHEDULE, count=SCAN_CHUNK):
+    async for member, _ in store.redis.zscan_iter(keys.retry_schedule(""), count=SCAN_CHUNK):
         if member in seen:
             continue
         seen.add(member)
@@ -144,5 +154,5 @@ async def worker(store: Store, worker_id: str) -> WorkerInfo:
 async def audit_log(store: Store, limit: int = 50) -> list[AuditEntry]:
     """The newest ``limit`` audit entries first."""
     limit = max(1, min(limit, LIST_CAP))
-    rows = stream_rows(await store.redis.xrevrange(keys.AUDIT, "+", "-", count=limit))
+    rows = await newest_entries(store, keys.audit, limit, also="default")
     return [AuditEntry.from_entry(eid, fields) for eid, fields in rows]

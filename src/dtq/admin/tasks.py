@@ -114,5 +114,15 @@ async def sweep_due(
     The expire script re-checks each one on the server, so a task that started or was
     extended in between is left alone.
     """
-    due = cast(list[str], await store.redis.zrangebyscore(keys.EXPIRY, "-inf", now_ms, 0, limit))
-    return Swept(len(due), await calls.expire_sweep(store, due, per_call))
+    looked, expired = 0, {}
+    for scope in await store.scopes():  # one expiry set per queue in the cluster layout
+        if looked >= limit:
+            break
+        due = cast(
+            list[str],
+            await store.redis.zrangebyscore(keys.expiry(scope), "-inf", now_ms, 0, limit - looked),
+        )
+        if due:
+            looked += len(due)
+            expired.update(await calls.expire_sweep(store, scope, due, per_call))
+    return Swept(looked, expired)

@@ -10,7 +10,9 @@
 --     and then this script resolves it);
 --   - a RUNNING task's worker (the hash's worker_id) is not alive: its worker hash is gone (it
 --     expires three heartbeat intervals after the last beat) or says stopped. An alive worker
---     runs the task on and records it through finish.lua on the hash.
+--     runs the task on and records it through finish.lua on the hash. In the cluster layout the
+--     worker hash is in another slot: the caller reads it just before and passes what it found
+--     (a worker found dead that beats again is fenced like any worker cut off).
 -- A QUEUED task waits again (history QUEUED -> QUEUED, reason entry_lost; TASK_QUEUED with
 -- metadata.entry_lost). A RUNNING one is a crash redelivery: its new entry goes through
 -- start.lua like any entry of a dead worker (attempt + 1, or WorkerLost past max_attempts; a
@@ -19,10 +21,12 @@
 --
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history
 -- KEYS[3] = dtq:stream:<queue>:p<priority> (the task's stream, from the hash)
--- KEYS[4] = dtq:worker:<worker_id> of the hash's worker (placeholder when none)
--- KEYS[5] = dtq:queues   KEYS[6] = dtq:task:<id>:payload (an older dtq's: own_payload in _lib)
+-- KEYS[4] = dtq:task:<id>:payload (an older dtq's: own_payload in _lib)
+-- KEYS[5] = dtq:worker:<worker_id> of the hash's worker (placeholder when none), and
+-- KEYS[6] = dtq:queues: flat layout only (the cluster layout's caller adds the queue itself)
 -- ARGV[1] task_id  [2] the lost entry id  [3] consumer group  [4] the hash's worker_id ("" none)
 -- ARGV[5] events channel  [6] event_id
+-- ARGV[7] cluster layout only: "1" when the caller found the worker alive, else "0"
 -- Returns {"requeued", status, new entry id} | {"skip", why}: why is gone (no hash), status:<s>
 --   (not QUEUED or RUNNING), entry (another entry id), present (the entry is in its stream),
 --   pending:<consumer>, worker (another worker id) or alive:<worker id>.
@@ -40,10 +44,14 @@ local p = redis.pcall('XPENDING', KEYS[3], group, lost_id, lost_id, 1)
 if p.err == nil and #p > 0 then return {'skip', 'pending:' .. p[1][2]} end
 if status == 'running' then
   if (h[10] or '') ~= worker then return {'skip', 'worker'} end
-  if worker ~= '' and redis.call('EXISTS', KEYS[4]) == 1
-      and redis.call('HGET', KEYS[4], 'status') ~= 'stopped' then
-    return {'skip', 'alive:' .. worker}
+  local alive
+  if KEYS[5] then
+    alive = redis.call('EXISTS', KEYS[5]) == 1
+      and redis.call('HGET', KEYS[5], 'status') ~= 'stopped'
+  else
+    alive = ARGV[7] == '1'
   end
+  if worker ~= '' and alive then return {'skip', 'alive:' .. worker} end
 end
 
 local made = redis.pcall('XGROUP', 'CREATE', KEYS[3], group, '0', 'MKSTREAM')
@@ -53,12 +61,12 @@ end
 local prev = tonumber(h[3]) or 0
 local queue, task_type = h[5], h[6]
 local entry_id = redis.call('XADD', KEYS[3], '*', 'task_id', task_id, 'queue', queue,
-  'task_type', task_type, 'payload', task_payload(KEYS[1], KEYS[6]), 'attempt', prev + 1,
+  'task_type', task_type, 'payload', task_payload(KEYS[1], KEYS[4]), 'attempt', prev + 1,
   'max_attempts', h[4], 'priority', h[7], 'timeout_ms', h[8], 'idempotency_key', h[9] or '')
 local ts = iso(now_ms())
 redis.call('HSET', KEYS[1], 'entry_id', entry_id, 'updated_at', ts)
-persist(KEYS[1], KEYS[6])
-redis.call('SADD', KEYS[5], queue)
+persist(KEYS[1], KEYS[4])
+if KEYS[6] then redis.call('SADD', KEYS[6], queue) end
 hist(KEYS[2], nil, ts, status, status, prev, status == 'running' and h[10] or '', 'entry_lost',
   {lost_entry_id = lost_id, entry_id = entry_id})
 if status == 'queued' then

@@ -17,8 +17,9 @@
 -- which was either there at the check (the check said busy) or added after it (its stream's
 -- last id moved). Either changes the mark, and "remove" refuses. `default` is never removed.
 --
--- KEYS[1] = dtq:queues   KEYS[2] = dtq:queue:<queue>:last_submit
--- KEYS[3..12] = dtq:stream:<queue>:p9 .. p0
+-- KEYS[1] = dtq:queue:<queue>:last_submit   KEYS[2..11] = dtq:stream:<queue>:p9 .. p0
+-- KEYS[12] = dtq:queues, flat layout only (the cluster layout's caller removes the name in its
+--   own calls, around this one: docs/redis-schema.md, "The cluster layout")
 -- ARGV[1] queue  [2] idle TTL ms  [3] consumer group  [4] "check" | "remove"
 -- ARGV[5] the mark the check returned ("remove" only)
 -- Returns {"idle", mark} (check) | {"removed"} (remove) | {"busy", why}, why one of: default,
@@ -37,10 +38,10 @@ local function last_id(stream)
   return nil
 end
 
-local submitted = redis.call('GET', KEYS[2])
+local submitted = redis.call('GET', KEYS[1])
 local latest = tonumber(submitted or '') or 0
 local mark, present = {submitted or '-'}, {}
-for k = 3, 12 do
+for k = 2, 11 do
   local id = last_id(KEYS[k])
   if id then
     present[#present + 1] = KEYS[k]
@@ -60,6 +61,6 @@ mark = table.concat(mark, ',')
 if mode == 'check' then return {'idle', mark} end
 if mark ~= ARGV[5] then return {'busy', 'changed'} end
 if #present > 0 then redis.call('DEL', unpack(present)) end
-redis.call('DEL', KEYS[2])
-redis.call('SREM', KEYS[1], queue)
+redis.call('DEL', KEYS[1])
+if KEYS[12] then redis.call('SREM', KEYS[12], queue) end
 return {'removed'}

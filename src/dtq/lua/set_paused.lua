@@ -4,7 +4,8 @@
 -- paused queue's streams. Only a real change publishes CONFIGURATION_CHANGED with
 -- metadata {queue, paused}; the audit entry (queue_pause / queue_resume) is written either way.
 --
--- KEYS[1] = dtq:queue:<queue>:paused   KEYS[2] = dtq:queues   KEYS[3] = dtq:stream:audit
+-- KEYS[1] = dtq:queue:<queue>:paused   KEYS[2] = dtq:stream:audit
+-- KEYS[3] = dtq:queues, flat layout only (the cluster layout's caller adds it in its own call)
 -- ARGV[1] queue  [2] "1" pause | "0" resume  [3] events channel  [4] event_id
 -- ARGV[5] audit actor ("" = no audit entry)  [6] audit request_id or ""
 -- Returns 1 when the state changed, 0 when it already was so
@@ -13,7 +14,7 @@ local pause = ARGV[2] == '1'
 local changed
 if pause then
   changed = redis.call('SET', KEYS[1], '1', 'NX') and true or false
-  redis.call('SADD', KEYS[2], queue)
+  if KEYS[3] then redis.call('SADD', KEYS[3], queue) end
 else
   changed = redis.call('DEL', KEYS[1]) == 1
 end
@@ -22,5 +23,5 @@ if changed then
   emit(ARGV[3], ARGV[4], ts, 'CONFIGURATION_CHANGED', cjson.null, queue, cjson.null, 0, nil,
     {queue = queue, paused = pause})
 end
-audit(KEYS[3], ARGV[5], ARGV[6], pause and 'queue_pause' or 'queue_resume', '', queue, ts)
+audit(KEYS[2], ARGV[5], ARGV[6], pause and 'queue_pause' or 'queue_resume', '', queue, ts)
 return changed and 1 or 0

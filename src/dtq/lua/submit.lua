@@ -7,14 +7,16 @@
 -- is that task's reply, and the others go on (as separate script calls would).
 --
 -- KEYS[1] = dtq:retry:schedule   KEYS[2] = dtq:tasks:recent   KEYS[3] = dtq:expiry
--- KEYS[4] = dtq:queues
--- KEYS[5 + 10q .. 14 + 10q] = dtq:stream:<queue q>:p9 .. p0, for each queue q = 0 .. Q-1 of the
+-- KEYS[4 + 10q .. 13 + 10q] = dtq:stream:<queue q>:p9 .. p0, for each queue q = 0 .. Q-1 of the
 --   batch
--- KEYS[T + 3i .. T + 2 + 3i], T = 5 + 10Q, for each task i = 0 .. n-1: dtq:task:<id>, its
+-- KEYS[T + 3i .. T + 2 + 3i], T = 4 + 10Q, for each task i = 0 .. n-1: dtq:task:<id>, its
 --   :history, dtq:idempotency:<queue>:<key> (placeholder when no key)
 -- KEYS[T + 3n + q], for each queue q = 0 .. Q-1 of the batch: dtq:queue:<queue q>:last_submit
 --   (the Redis time of the queue's last accepted submit, which remove_queue.lua reads; one SET
 --   per queue of the batch, beside its SADD)
+-- KEYS[T + 3n + Q] = dtq:queues, flat layout only: in the cluster layout a batch is one queue's
+--   (every key in its slot) and the caller adds the queue to the registry in a call of its own
+--   (docs/redis-schema.md, "The cluster layout")
 -- ARGV[1] max queue depth  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] recent-index cap  [6] Q, the number of queues
 -- ARGV[7 + 15i .. 21 + 15i], for each task i: task_id, task_type, payload JSON, queue,
@@ -43,8 +45,9 @@ local retention = tonumber(ARGV[2])
 local idem_ttl = ARGV[3]
 local channel = ARGV[4]
 local nq = tonumber(ARGV[6])
-local first_task_key = 5 + 10 * nq
+local first_task_key = 4 + 10 * nq
 local n = (#ARGV - 6) / 15
+local registry = KEYS[first_task_key + 3 * n + nq]  -- nil in the cluster layout
 
 -- TIME once: `now` (epoch ms) for every timestamp of the batch; the recent index scores each
 -- task with the microsecond it was taken in (now_us + its place in the batch, as fractional
@@ -62,7 +65,7 @@ local depth, exists, listed = {}, {}, {}
 
 local function queue_state(q)
   if depth[q] == nil then
-    local known, d, base = {}, 0, 5 + 10 * q
+    local known, d, base = {}, 0, 4 + 10 * q
     for band = 0, 9 do
       local x = call('XLEN', KEYS[base + band])
       if x > 0 then known[band] = true end
@@ -77,7 +80,7 @@ end
 local function ensure_groups(q, band)
   local known = exists[q]
   if known[band] then return end
-  local base = 5 + 10 * q
+  local base = 4 + 10 * q
   if call('EXISTS', KEYS[base + band]) == 0 then
     for b = 0, 9 do
       if not known[b] and call('EXISTS', KEYS[base + b]) == 0 then
@@ -141,7 +144,7 @@ local function submit_one(a, k)
     -- The stream entry first, so that the hash is written once, entry id included.
     local band = 9 - tonumber(prio_s)
     ensure_groups(q, band)
-    entry_id = call('XADD', KEYS[5 + 10 * q + band], '*', 'task_id', task_id, 'queue', queue,
+    entry_id = call('XADD', KEYS[4 + 10 * q + band], '*', 'task_id', task_id, 'queue', queue,
       'task_type', task_type, 'payload', payload, 'attempt', 1, 'max_attempts', max_attempts,
       'priority', prio_s, 'timeout_ms', timeout_ms, 'idempotency_key', idem)
     depth[q] = depth[q] + 1
@@ -158,7 +161,7 @@ local function submit_one(a, k)
   recent[#recent + 1] = (now_us + #recent / 2) / 1000
   recent[#recent + 1] = task_id
   if not listed[q] then
-    call('SADD', KEYS[4], queue)
+    if registry then call('SADD', registry, queue) end
     call('SET', KEYS[first_task_key + 3 * n + q], now)
     listed[q] = true
   end

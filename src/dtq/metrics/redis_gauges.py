@@ -146,13 +146,20 @@ class RedisGauges:
         """The one pipeline of every scrape, for the queues and workers already known."""
         window_end = self.clock.now_ms() + self.settings.near_expiration_s * 1000
         queues, workers = sorted(self._queues), sorted(self._workers)
+        # The schedule, dead-letter stream and expiry index: one each in the flat layout, one
+        # per queue known so far in the cluster layout (a queue listed since is counted from
+        # the next scrape).
+        scopes = keys.scopes(queues) if keys.cluster_layout() else [""]
         pipe = redis.pipeline(transaction=False)
         pipe.time()
         pipe.smembers(keys.QUEUES)
         pipe.smembers(keys.WORKERS)
-        pipe.zcard(keys.RETRY_SCHEDULE)
-        pipe.xlen(keys.DEAD_LETTER)
-        pipe.zrangebyscore(keys.EXPIRY, "-inf", window_end, start=0, num=self.expiring_cap)
+        for scope in scopes:
+            pipe.zcard(keys.retry_schedule(scope))
+            pipe.xlen(keys.dead_letter(scope))
+            pipe.zrangebyscore(
+                keys.expiry(scope), "-inf", window_end, start=0, num=self.expiring_cap
+            )
         for q in queues:
             read_depth(pipe, q)
         _worker_reads(pipe, workers)
@@ -160,16 +167,23 @@ class RedisGauges:
         replies = await _execute(pipe)
         now_ms = self.clock.observe(replies[0], before_ms, local_ms())
         self.round_trips += 1
-        queue_set, worker_set, scheduled, dlq, expiring = replies[1:6]
-        rest = replies[6:]
+        queue_set, worker_set = replies[1:3]
+        shared = replies[3 : 3 + 3 * len(scopes)]
+        rest = replies[3 + 3 * len(scopes) :]
+        expiring: list[str] = []
+        for scope, found in zip(scopes, shared[2::3], strict=True):
+            for t in found:
+                expiring.append(str(t))
+                if scope:  # the cluster layout: the index says the queue
+                    self._task_queue[str(t)] = scope
         split = len(queues) * PER_QUEUE
         return _Reads(
             now_ms=now_ms,
             queues=set(queue_set) | {DEFAULT_QUEUE},
             workers=set(worker_set),
-            scheduled=int(scheduled),
-            dlq=int(dlq),
-            expiring=[str(t) for t in expiring],
+            scheduled=sum(int(n) for n in shared[0::3]),
+            dlq=sum(int(n) for n in shared[1::3]),
+            expiring=expiring[: self.expiring_cap],
             counts=_per_queue(queues, rest[:split]),
             beats=_per_worker(workers, rest[split:]),
         )

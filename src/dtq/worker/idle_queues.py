@@ -84,7 +84,16 @@ async def _scheduled_queues(store: Store, wanted: set[str]) -> set[str]:
     pass over each (schedule first), ``PAGE`` hash lookups per round trip, ending early once all
     of ``wanted`` are found."""
     found: set[str] = set()
-    for zkey in (keys.RETRY_SCHEDULE, keys.RETRY_CLAIMED):
+    if keys.cluster_layout():  # each queue has its own schedule and claimed set
+        pipe = store.redis.pipeline(transaction=False)
+        for q in sorted(wanted):
+            pipe.zcard(keys.retry_schedule(q))
+            pipe.zcard(keys.retry_claimed(q))
+        counts = await pipe.execute()
+        return {
+            q for q, a, b in zip(sorted(wanted), counts[::2], counts[1::2], strict=True) if a or b
+        }
+    for zkey in (keys.retry_schedule(""), keys.retry_claimed("")):
         batch: list[str] = []
         async for member, _ in store.redis.zscan_iter(zkey, count=PAGE):
             batch.append(member)
@@ -112,17 +121,20 @@ async def clean_cancelled(store: Store) -> int:
     """Remove the ``dtq:cancelled`` members whose task hash or stream entry is gone; returns how
     many were removed."""
     redis = store.redis
-    stale: list[str] = []
-    batch: list[str] = []
-    async for member in redis.sscan_iter(keys.CANCELLED, count=PAGE):
-        batch.append(str(member))
-        if len(batch) == PAGE:
-            stale += await _stale_cancelled(store, batch)
-            batch = []
-    stale += await _stale_cancelled(store, batch)
-    if stale:
-        await redis.srem(keys.CANCELLED, *stale)
-    return len(stale)
+    removed = 0
+    for scope in await store.scopes():  # one set per queue in the cluster layout
+        stale: list[str] = []
+        batch: list[str] = []
+        async for member in redis.sscan_iter(keys.cancelled(scope), count=PAGE):
+            batch.append(str(member))
+            if len(batch) == PAGE:
+                stale += await _stale_cancelled(store, batch)
+                batch = []
+        stale += await _stale_cancelled(store, batch)
+        if stale:
+            await redis.srem(keys.cancelled(scope), *stale)
+        removed += len(stale)
+    return removed
 
 
 async def _stale_cancelled(store: Store, task_ids: Sequence[str]) -> list[str]:

@@ -16,7 +16,9 @@ makes one step per tick while a pass is under way (``DTQ_SCHEDULER_INTERVAL_S``,
 default: about 2,000 keys a second) and starts a pass at most every ``PASS_EVERY_MS``. So a task
 whose entry was removed is found within ``PASS_EVERY_MS`` plus two passes: with 100,000 queued
 tasks (about 200,000 keys with their histories, plus the finished tasks retained) a pass takes
-well under two minutes at that pace.
+well under two minutes at that pace. On a Redis Cluster the pass walks each primary in turn
+(``SCAN`` is per node), and the liveness of the RUNNING tasks' workers, whose hashes are in
+other slots than the tasks', is read just before their ``recover.lua`` calls.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from typing import Any, cast
+
+from redis.asyncio import RedisCluster
 
 from dtq import calls, keys
 from dtq.calls import LostEntry
@@ -46,20 +50,19 @@ class LostEntries:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.cursor = 0  # of the SCAN; 0 once a pass is complete
+        self.node = 0  # cluster layout: the index of the primary being walked
 
     async def step(self) -> tuple[list[tuple[str, str]], bool]:
         """One page of the pass. Returns (task id, its status) of each task given a new entry,
         and whether the pass is complete."""
-        redis = self.store.redis
-        cursor, found = await redis.scan(
-            self.cursor, match=keys.TASK_MATCH, count=PAGE, _type="hash"
-        )
-        self.cursor = int(cursor)
+        found, done = await self._page()
         ids = [tid for k in found if TASK_ID_RE.fullmatch(tid := keys.task_id_of(str(k)))]
         lost = await _lost(self.store, ids)
         recovered: list[tuple[str, str]] = []
         if lost:
-            for one, reply in zip(lost, await calls.recover_many(self.store, lost), strict=True):
+            alive = await _alive_workers(self.store, lost) if keys.cluster_layout() else set()
+            replies = await calls.recover_many(self.store, lost, alive)
+            for one, reply in zip(lost, replies, strict=True):
                 if isinstance(reply, Exception):  # that task's keys are not dtq's
                     log.error("recovery of task %s failed: %s", one.task_id, reply)
                 elif reply[0] == "requeued":
@@ -74,7 +77,54 @@ class LostEntries:
                         reply[2],
                         " (a crash redelivery: its worker is gone)" * (reply[1] == "running"),
                     )
-        return recovered, self.cursor == 0
+        return recovered, done
+
+    async def _page(self) -> tuple[list[str], bool]:
+        """One SCAN page of task hash keys, and whether the pass is complete (on a cluster,
+        each primary's keyspace is walked in turn, the pass complete after the last one's)."""
+        redis = self.store.redis
+        if not isinstance(redis, RedisCluster):
+            cursor, found = await redis.scan(
+                self.cursor, match=keys.task_match(), count=PAGE, _type="hash"
+            )
+            self.cursor = int(cursor)
+            return [str(k) for k in found], self.cursor == 0
+        primaries = sorted(redis.get_primaries(), key=lambda n: n.name)
+        if self.node >= len(primaries):
+            self.node, self.cursor = 0, 0
+        node = primaries[self.node]
+        cursor, found = await redis.execute_command(
+            "SCAN",
+            self.cursor,
+            "MATCH",
+            keys.task_match(),
+            "COUNT",
+            PAGE,
+            "TYPE",
+            "hash",
+            target_nodes=node,
+        )
+        self.cursor = int(cursor)
+        if self.cursor == 0:
+            self.node += 1
+        done = self.cursor == 0 and self.node >= len(primaries)
+        if done:
+            self.node = 0
+        return [str(k) for k in found], done
+
+
+async def _alive_workers(store: Store, lost: Sequence[LostEntry]) -> set[str]:
+    """Cluster layout: which of the RUNNING tasks' workers are alive (a worker hash that exists
+    and does not say stopped), read for recover.lua, which cannot (another slot)."""
+    ids = sorted({one.worker_id for one in lost if one.worker_id})
+    if not ids:
+        return set()
+    pipe = store.redis.pipeline(transaction=False)
+    for wid in ids:
+        pipe.hget(keys.worker(wid), "status")
+    return {
+        wid for wid, st in zip(ids, await pipe.execute(), strict=True) if st and st != "stopped"
+    }
 
 
 async def _lost(store: Store, task_ids: Sequence[str]) -> list[LostEntry]:

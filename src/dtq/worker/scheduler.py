@@ -215,8 +215,17 @@ class Scheduler:
         stale_ms = round(self.settings.claim_stale_s * 1000)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PHASE_BUDGET_S
+        for scope in await self.store.scopes():  # one schedule per queue in the cluster layout
+            if loop.time() >= deadline:
+                return
+            await self._promote_scope(scope, stale_ms, deadline, result)
+
+    async def _promote_scope(
+        self, scope: str, stale_ms: int, deadline: float, result: TickResult
+    ) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            claimed = await calls.claim_due(self.store, CLAIM_BATCH, stale_ms)
+            claimed = await calls.claim_due(self.store, scope, CLAIM_BATCH, stale_ms)
             ids, stale = claimed.task_ids, claimed.stale
             result.stale_claims += stale
             if stale:
@@ -226,14 +235,14 @@ class Scheduler:
             result.claimed += len(ids)
             part = TickResult(leader=True)
             try:
-                await self._promote(ids, part)
+                await self._promote(scope, ids, part)
             finally:
                 result.add(part)
             self._report(result, part)
             if len(ids) < CLAIM_BATCH or loop.time() >= deadline:
                 return
 
-    async def _promote(self, ids: Sequence[str], result: TickResult) -> None:
+    async def _promote(self, scope: str, ids: Sequence[str], result: TickResult) -> None:
         todo: list[tuple[str, Where]] = []
         gone: list[str] = []
         labels: dict[str, tuple[str, str]] = {}
@@ -244,7 +253,7 @@ class Scheduler:
                 where, labels[tid] = found
                 todo.append((tid, where))
         if gone:  # the hash expired or was deleted: nothing to promote, drop the claim
-            await self.store.redis.zrem(keys.RETRY_CLAIMED, *gone)
+            await self.store.redis.zrem(keys.retry_claimed(scope), *gone)
             result.skipped.extend(gone)
         replies = await calls.promote_many(self.store, todo)
         for (tid, _), reply in zip(todo, replies, strict=True):
