@@ -1,7 +1,8 @@
 """Real-Redis fixtures (DESIGN 8): one private redis-server per test session, a clean database
 per test. DTQ_REDIS_SERVER picks the binary (redis, valkey, system or a path: dtq.devserver), for
 this server and every other one a test starts. Set DTQ_TEST_REDIS_URL to use a server you started
-instead (it will be flushed)."""
+instead (it will be flushed). A test that asks for ``cluster_url`` gets a private 3-primary Redis
+Cluster instead (dtq.devcluster), started once per session, flushed per test."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from redis.asyncio import Redis
 
 from dtq import Queue, connect
 from dtq.config import Settings
+from dtq.devcluster import DevCluster, start_cluster
 from dtq.devserver import SERVER_ENV, RedisServer, find_redis_server, start_redis
 from dtq.errors import ConfigError
 
@@ -48,6 +50,19 @@ def redis_url(redis_server: str) -> str:
     client.flushall()
     client.close()
     return redis_server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """3 primaries with a replica each; a test that kills a node starts a cluster of its own."""
+    with start_cluster(Path(tmp_path_factory.mktemp("cluster"))) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: DevCluster) -> str:
+    redis_cluster.flushall()
+    return redis_cluster.url
 
 
 @pytest.fixture
