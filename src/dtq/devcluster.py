@@ -123,7 +123,8 @@ class DevCluster:
 
     def wait_healthy(self, timeout_s: float = 30) -> None:
         """Wait until every live node says ``cluster_state:ok`` and agrees that every slot is
-        served by a live primary (after a failover: the promoted replica), or TimeoutError."""
+        served by a live primary (after a failover: the promoted replica), or TimeoutError.
+        It blocks: from a running event loop, call it with ``asyncio.to_thread``."""
         _wait(self._health_problem, time.monotonic() + timeout_s, "the cluster was not healthy")
 
     def stop(self, timeout_s: float = 10) -> None:
