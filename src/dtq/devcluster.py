@@ -17,8 +17,9 @@ create`` would, without it:
 Failover is made quick: ``cluster-node-timeout`` is short (``node_timeout_ms``), and
 ``cluster-replica-validity-factor 0`` lets a replica take over however long ago it last heard
 from its primary. A failover takes about the node timeout plus one or two seconds
-(docs/operations.md has the figures). Replicas sync diskless with no delay. The data is not
-persisted (no RDB, no AOF) unless ``persistent`` asks for AOF.
+(docs/operations.md has the figures), and needs most primaries alive to vote: with fewer than
+three primaries, a killed one is never replaced. Replicas sync diskless with no delay. The
+data is not persisted (no RDB, no AOF) unless ``persistent`` asks for AOF.
 
 Every process is stopped by PID: by :meth:`DevCluster.stop` (also on leaving its ``with``
 block), and by :func:`start_cluster` itself when forming fails.
