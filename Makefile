@@ -25,7 +25,8 @@ lint: $(STAMP)
 DTQ_REDIS_SERVER ?= redis
 VALKEY_TESTS := tests/integration/test_scripts.py tests/integration/test_worker_*.py \
 	tests/integration/test_expiration*.py tests/integration/test_expiry_sweep.py \
-	tests/integration/test_scheduler.py tests/integration/test_no_replay.py tests/chaos
+	tests/integration/test_scheduler.py tests/integration/test_no_replay.py \
+	tests/integration/test_devcluster.py tests/chaos
 
 test: lint
 	DTQ_REDIS_SERVER=$(DTQ_REDIS_SERVER) $(BIN)/pytest

@@ -21,6 +21,7 @@ MODULES = [
     "dtq.client",
     "dtq.clock",
     "dtq.config",
+    "dtq.devcluster",
     "dtq.devserver",
     "dtq.errors",
     "dtq.events",

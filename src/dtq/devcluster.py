@@ -9,8 +9,7 @@ create`` would, without it:
 1. ``CLUSTER ADDSLOTS`` on every primary (an even share of the 16384 slots, sent in chunks:
    6.2 has no ``ADDSLOTSRANGE``) and ``CLUSTER SET-CONFIG-EPOCH`` on every node (distinct
    epochs, so no collision has to be resolved);
-2. ``CLUSTER MEET`` from the first node to every other one, then a wait until every node knows
-   every other by gossip;
+2. ``CLUSTER MEET`` between every two nodes, then a wait until every node knows every other;
 3. ``CLUSTER REPLICATE`` on every replica (``replicas`` per primary);
 4. a wait, with a deadline, until every node reports ``cluster_state:ok``, every node's view of
    the 16384 slots and of who replicates whom is the same, and every replica is in sync.
@@ -18,8 +17,9 @@ create`` would, without it:
 Failover is made quick: ``cluster-node-timeout`` is short (``node_timeout_ms``), and
 ``cluster-replica-validity-factor 0`` lets a replica take over however long ago it last heard
 from its primary. A failover takes about the node timeout plus one or two seconds
-(docs/operations.md has the figures). Replicas sync diskless with no delay. The data is not
-persisted (no RDB, no AOF) unless ``persistent`` asks for AOF.
+(docs/operations.md has the figures), and needs most primaries alive to vote: with fewer than
+three primaries, a killed one is never replaced. Replicas sync diskless with no delay. The
+data is not persisted (no RDB, no AOF) unless ``persistent`` asks for AOF.
 
 Every process is stopped by PID: by :meth:`DevCluster.stop` (also on leaving its ``with``
 block), and by :func:`start_cluster` itself when forming fails.
@@ -124,7 +124,8 @@ class DevCluster:
 
     def wait_healthy(self, timeout_s: float = 30) -> None:
         """Wait until every live node says ``cluster_state:ok`` and agrees that every slot is
-        served by a live primary (after a failover: the promoted replica), or TimeoutError."""
+        served by a live primary (after a failover: the promoted replica), or TimeoutError.
+        It blocks: from a running event loop, call it with ``asyncio.to_thread``."""
         _wait(self._health_problem, time.monotonic() + timeout_s, "the cluster was not healthy")
 
     def stop(self, timeout_s: float = 10) -> None:
@@ -200,8 +201,10 @@ class DevCluster:
                 _command(self._clients[port], "CLUSTER", "ADDSLOTS", *chunk)
         for epoch, port in enumerate(ports, start=1):
             _command(self._clients[port], "CLUSTER", "SET-CONFIG-EPOCH", epoch)
-        for port in ports[1:]:
-            _command(self._clients[ports[0]], "CLUSTER", "MEET", "127.0.0.1", port)
+        # Every pair meets directly: no waiting for gossip to spread the news.
+        for i, port in enumerate(ports):
+            for other in ports[i + 1 :]:
+                _command(self._clients[port], "CLUSTER", "MEET", "127.0.0.1", other)
         _wait(self._meet_problem, deadline, "the nodes did not all meet")
         for j, port in enumerate(ports[primaries:]):
             primary_id = self._ids[ports[j % primaries]]
@@ -292,7 +295,8 @@ def start_cluster(
     timeout_s: float = 30,
 ) -> DevCluster:
     """Start and form a cluster of ``primaries`` primaries with ``replicas`` replicas each,
-    node ``i`` in ``base_dir/node-<i>``, and return it once formed (module docstring). Raises
+    node ``i`` in ``base_dir/node-<i>`` (a fresh folder: a node's ``nodes.conf`` is started
+    over, not its data), and return it once formed (module docstring). Raises
     ConfigError when a node will not start, TimeoutError when the cluster has not formed
     within ``timeout_s``; either way every process it started is stopped first."""
     if primaries < 1 or replicas < 0:

@@ -3,6 +3,7 @@ redis-py's cluster client uses it, and a killed primary's replica takes over."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import redis
 from redis.asyncio.cluster import RedisCluster
 
 from dtq.devcluster import DevCluster, start_cluster
+from dtq.errors import ConfigError
 from support.waiting import wait_until
 
 CLUSTER_SLOTS = 16384
@@ -110,7 +112,8 @@ async def test_a_killed_primary_is_replaced_by_its_replica(tmp_path: Path) -> No
             started = time.monotonic()
             cluster.kill(victim.port)
             assert not cluster.alive(victim.port)
-            cluster.wait_healthy(timeout_s=20)
+            # Blocking: from a running event loop, in a thread.
+            await asyncio.to_thread(cluster.wait_healthy, 20)
             elapsed = time.monotonic() - started
 
             roles = {node.port: node.role for node in cluster.nodes}
@@ -130,3 +133,11 @@ def test_a_cluster_that_does_not_form_in_time_is_stopped(tmp_path: Path) -> None
     with pytest.raises(TimeoutError, match="did not"):
         start_cluster(tmp_path / "cluster", timeout_s=0.5)
     assert _processes_under(tmp_path / "cluster") == []
+
+
+def test_a_server_that_will_not_start_is_a_clear_error(tmp_path: Path) -> None:
+    binary = tmp_path / "broken-server"
+    binary.write_text("#!/bin/sh\nexit 3\n")
+    binary.chmod(0o755)
+    with pytest.raises(ConfigError, match=r"exited at start \(code 3"):
+        start_cluster(tmp_path / "cluster", binary=str(binary))
