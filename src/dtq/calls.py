@@ -305,6 +305,13 @@ def _submit_reply(reply: Sequence[Any]) -> SubmitReply | ResponseError:
 # -- read.lua -----------------------------------------------------------------------------------
 
 
+def entry_key(stream: str, entry_id: str) -> str:
+    """What tells a delivered entry from every other: its stream and its id. An id alone does
+    not: streams make their ids apart, and two queues (or bands) given an entry in the same
+    millisecond give both the same id."""
+    return stream + " " + entry_id
+
+
 @dataclass(frozen=True)
 class Entry:
     """One delivered stream entry (contract section 2's fields)."""
@@ -376,7 +383,10 @@ class ReadReply:
 class ReadPlan:
     """The KEYS and fixed ARGV of read.lua for one worker's queues, built once: the paused
     flags, then every stream p9 first across the queues (strict priority, contract section 6).
-    The script relies on that order: stream k (from 1) is queue ``(k - 1) % m + 1``'s."""
+    The script relies on that order: stream k (from 1) is queue ``(k - 1) % m + 1``'s.
+
+    In the cluster layout one call cannot read two queues (two slots): the plan holds one plan
+    per queue (``parts``), read in turn (:func:`read`)."""
 
     def __init__(self, queues: Sequence[str], worker_id: str) -> None:
         self.queues = list(queues)
@@ -384,11 +394,43 @@ class ReadPlan:
         self.keys = [*(keys.queue_paused(q) for q in self.queues), *self.streams]
         self.head: list[str] = [keys.CONSUMER_GROUP, worker_id]
         self.m = str(len(self.queues))
+        self.parts: list[ReadPlan] = []
+        if keys.cluster_layout() and len(self.queues) > 1:
+            self.parts = [ReadPlan([q], worker_id) for q in self.queues]
+        self._next = 0  # the part the next cluster read starts with
 
 
 async def read(db: Backend, plan: ReadPlan, count: int) -> ReadReply:
     """read.lua: at most ``count`` entries (the slots the caller reserved) of ``plan``'s
-    streams."""
+    streams.
+
+    Cluster layout, several queues: one call per queue, in turn until ``count`` entries are
+    read, each read starting one queue further than the last (so every queue is served even
+    when the first always has work): strict priority holds within each queue, and across
+    queues only as far as that turn goes (docs/operations.md, "Scaling out")."""
+    if not plan.parts:
+        return await _read_one(db, plan, count)
+    entries: list[Entry] = []
+    bad: list[tuple[str, str]] = []
+    nogroup: list[str] = []
+    paused: set[str] = set()
+    since: dict[str, str] = {}
+    n = len(plan.parts)
+    start = plan._next
+    plan._next = (start + 1) % n
+    for i in range(n):
+        got = await _read_one(db, plan.parts[(start + i) % n], count - len(entries))
+        entries += got.entries
+        bad += got.bad
+        nogroup += got.nogroup
+        paused |= got.paused
+        since.update(got.since)
+        if len(entries) >= count:
+            break
+    return ReadReply(entries, bad, nogroup, frozenset(paused), {} if entries or bad else since)
+
+
+async def _read_one(db: Backend, plan: ReadPlan, count: int) -> ReadReply:
     got, nogroup, paused, since = await db.scripts.call(
         db.redis, "read", plan.keys, [*plan.head, count, plan.m]
     )
@@ -454,7 +496,8 @@ async def start_many(
     """start.lua for every entry of a read batch, in one round trip; the reply or the error of
     each, in order. A lost connection is raised. ``token``: this batch's start token (kept in
     the hash of each task it runs); ``resume``: entry id -> the token of an earlier start of
-    that entry whose reply was lost, sent again as a resume (see the script's header)."""
+    that entry whose reply was lost (by :func:`entry_key`), sent again as a resume (see the
+    script's header)."""
     s = db.settings
     dlq = _flag(s.dlq_enabled)
     again = resume or {}
@@ -483,7 +526,14 @@ async def start_many(
                 new_id(),
                 dlq,
                 s.dlq_maxlen,
-                *((again.get(e.entry_id, token), _flag(e.entry_id in again)) if again else lone),
+                *(
+                    (
+                        again.get(entry_key(e.stream, e.entry_id), token),
+                        _flag(entry_key(e.stream, e.entry_id) in again),
+                    )
+                    if again
+                    else lone
+                ),
             ],
         )
         for e in entries
@@ -600,11 +650,31 @@ def _touch_args(
 
 async def touch(db: Backend, worker_id: str, owned: Sequence[tuple[str, str, str]]) -> list[str]:
     """touch.lua: renew the leases of ``owned`` ((stream, entry id, task id) triples) where this
-    worker still owns them; returns the entry ids it no longer holds. An entry removed from its
-    stream whose task hash still names this worker is not lost (touch.lua's header)."""
-    key_list, argv = _touch_args(worker_id, owned)
-    lost, _ = await db.scripts.call(db.redis, "touch", key_list, argv)
-    return [owned[int(i) - 1][1] for i in lost]
+    worker still owns them; returns those it no longer holds (:func:`entry_key`). An entry
+    removed from its stream whose task hash still names this worker is not lost (touch.lua's
+    header). One call
+    (one per slot in the cluster layout, all in one round trip)."""
+    groups = _touch_groups(owned)
+    calls: list[Call] = [("touch", *_touch_args(worker_id, group)) for group in groups]
+    lost: list[str] = []
+    for group, reply in zip(groups, await db.scripts.call_many(db.redis, calls), strict=True):
+        if isinstance(reply, Exception):
+            raise reply
+        lost += [entry_key(*group[int(i) - 1][:2]) for i in reply[0]]
+    return lost
+
+
+def _touch_groups(
+    owned: Sequence[tuple[str, str, str]],
+) -> list[Sequence[tuple[str, str, str]]]:
+    """``owned`` as touch.lua calls take it: whole in the flat layout, by slot in the cluster
+    one."""
+    if not keys.cluster_layout():
+        return [owned]
+    by_slot: dict[int, list[tuple[str, str, str]]] = {}
+    for one in owned:
+        by_slot.setdefault(keys.slot(one[0]), []).append(one)
+    return list(by_slot.values())
 
 
 def touch_blocking(
@@ -615,16 +685,21 @@ def touch_blocking(
 ) -> tuple[list[str], list[str]]:
     """touch.lua as :func:`touch` does, from the heartbeat's thread with its own synchronous
     client (so a handler that blocks the event loop cannot stop the heartbeat). Returns the
-    entry ids this worker no longer holds, and those it owned that were found gone from their
-    stream (removed outside dtq; each reported once)."""
-    key_list, argv = _touch_args(worker_id, owned)
+    entries this worker no longer holds (:func:`entry_key`), and the ids of those it owned that
+    were found gone from their stream (removed outside dtq; each reported once)."""
     sha = scripts.sha["touch"]
-    try:
-        lost, deleted = client.evalsha(sha, len(key_list), *key_list, *argv)
-    except NoScriptError:
-        client.script_load(scripts.source["touch"])
-        lost, deleted = client.evalsha(sha, len(key_list), *key_list, *argv)
-    return [owned[int(i) - 1][1] for i in lost], [owned[int(i) - 1][1] for i in deleted]
+    lost_ids: list[str] = []
+    deleted_ids: list[str] = []
+    for group in _touch_groups(owned):
+        key_list, argv = _touch_args(worker_id, group)
+        try:
+            lost, deleted = client.evalsha(sha, len(key_list), *key_list, *argv)
+        except NoScriptError:
+            client.script_load(scripts.source["touch"])
+            lost, deleted = client.evalsha(sha, len(key_list), *key_list, *argv)
+        lost_ids += [entry_key(*group[int(i) - 1][:2]) for i in lost]
+        deleted_ids += [group[int(i) - 1][1] for i in deleted]
+    return lost_ids, deleted_ids
 
 
 # -- adopt.lua ----------------------------------------------------------------------------------

@@ -48,7 +48,16 @@ from hypothesis.stateful import (
 from redis.asyncio import Redis
 
 from dtq import admin, keys
-from dtq.calls import Entry, Outcome, finish_call, finish_many, parse_read, start_many, touch
+from dtq.calls import (
+    Entry,
+    Outcome,
+    entry_key,
+    finish_call,
+    finish_many,
+    parse_read,
+    start_many,
+    touch,
+)
 from dtq.client import Queue
 from dtq.config import Settings
 from dtq.errors import DtqError
@@ -222,7 +231,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         triples = [(stream, eid, c.running[(stream, eid)][0].task_id) for stream, eid in owned]
         lost = set(self.run(touch(self.store, name, triples)))
         for key in owned:  # the worker stops those handlers and forgets them
-            if key[1] in lost:
+            if entry_key(*key) in lost:
                 c.running.pop(key, None)
 
     @precondition(lambda self: bool(self.tasks))

@@ -13,7 +13,7 @@ import pytest
 from redis.asyncio import Redis
 
 from dtq import Queue, keys
-from dtq.calls import StartReply, start_many
+from dtq.calls import StartReply, entry_key, start_many
 from dtq.config import Settings
 from dtq.connection import no_retry
 from dtq.scripts import Scripts
@@ -149,7 +149,7 @@ async def test_adopt_never_takes_an_entry_a_peer_claimed_meanwhile(
         assert row["consumer"] == "worker-peer0002"
         h = await r.hgetall(keys.task(task.task_id))
         assert (h["status"], h["attempt"], h["worker_id"]) == ("running", "1", "worker-peer0002")
-        assert entry.entry_id not in worker.inflight
+        assert entry_key(entry.stream, entry.entry_id) not in worker.inflight
     assert ran == []
 
 
@@ -165,10 +165,11 @@ async def test_a_resume_counts_the_attempt_unless_its_own_start_ran(
     [first] = await start_many(db, [entry], "worker-a0000001", "t1")
     assert isinstance(first, StartReply) and first.attempt == 1
     before = await r.llen(keys.history(task.task_id))
-    [again] = await start_many(db, [entry], "worker-a0000001", "t2", {entry.entry_id: "t1"})
+    resume = entry_key(entry.stream, entry.entry_id)
+    [again] = await start_many(db, [entry], "worker-a0000001", "t2", {resume: "t1"})
     assert isinstance(again, StartReply) and (again.kind, again.attempt) == ("run", 1)
     assert await r.llen(keys.history(task.task_id)) == before  # nothing written
-    [other] = await start_many(db, [entry], "worker-a0000001", "t3", {entry.entry_id: "t9"})
+    [other] = await start_many(db, [entry], "worker-a0000001", "t3", {resume: "t9"})
     assert isinstance(other, StartReply) and (other.kind, other.attempt) == ("run", 2)
     # the call resumed is the lost start, sent again: its token is the one kept now
     assert await r.hget(keys.task(task.task_id), "start_token") == "t9"

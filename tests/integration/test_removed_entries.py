@@ -24,7 +24,7 @@ import pytest
 from redis.asyncio import Redis
 
 from dtq import Queue, keys
-from dtq.calls import Outcome, touch
+from dtq.calls import Outcome, entry_key, touch
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from dtq.errors import TaskRunningError
@@ -320,7 +320,7 @@ async def test_an_entry_a_peer_took_over_and_finished_is_lost_to_the_zombie(
         "succeeded"
     )
     owned = [(STREAM, entry.entry_id, task.task_id)]
-    assert await touch(queue.store, DEAD, owned) == [entry.entry_id]
+    assert await touch(queue.store, DEAD, owned) == [entry_key(STREAM, entry.entry_id)]
 
     running = await queue.submit("rm_job", {})
     mine = await read_as(r, DEAD)
@@ -330,4 +330,4 @@ async def test_an_entry_a_peer_took_over_and_finished_is_lost_to_the_zombie(
     assert await touch(queue.store, DEAD, owned) == []  # acknowledged now
     assert not await _pending(r, STREAM, mine.entry_id)
     assert await touch(queue.store, DEAD, owned) == []  # and still held on the hash
-    assert await touch(queue.store, "worker-other", owned) == [mine.entry_id]
+    assert await touch(queue.store, "worker-other", owned) == [entry_key(STREAM, mine.entry_id)]

@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from dtq import Queue, keys
-from dtq.calls import touch
+from dtq.calls import entry_key, touch
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from dtq_tasks import TaskContext
@@ -106,7 +106,8 @@ async def test_touch_renews_only_owned_entries(settings: Settings, r: Redis, que
     await wait_until(idle_50ms, 2, "idle entry")
     db = backend(r, settings)
     owned = [(stream, entry.entry_id, entry.task_id)]
-    assert await touch(db, "worker-thief000", owned) == [entry.entry_id]  # not owned: lost
+    lost = [entry_key(stream, entry.entry_id)]
+    assert await touch(db, "worker-thief000", owned) == lost  # not owned: lost
     [p] = await r.xpending_range(stream, keys.CONSUMER_GROUP, "-", "+", 10)
     assert p["consumer"] == "worker-owner000" and p["times_delivered"] == 1
     assert p["time_since_delivered"] >= 40
@@ -118,11 +119,11 @@ async def test_touch_renews_only_owned_entries(settings: Settings, r: Redis, que
     # A stream or entry that is gone is lost, without an error, unless the task hash still
     # says this worker runs that entry (removed outside dtq: the hash is the lease then).
     gone = [("dtq:stream:nope:p1", "1-1", entry.task_id)]
-    assert await touch(db, "worker-owner000", gone) == ["1-1"]
+    assert await touch(db, "worker-owner000", gone) == ["dtq:stream:nope:p1 1-1"]
     await r.hset(keys.task(entry.task_id), mapping={"status": "running", "entry_id": "1-1"})
     await r.hset(keys.task(entry.task_id), "worker_id", "worker-owner000")
     assert await touch(db, "worker-owner000", gone) == []
-    assert await touch(db, "worker-thief000", gone) == ["1-1"]
+    assert await touch(db, "worker-thief000", gone) == ["dtq:stream:nope:p1 1-1"]
 
 
 async def test_long_task_keeps_its_lease_past_the_visibility_timeout(

@@ -57,6 +57,29 @@ async def test_priority_is_strict_across_queues(settings: Settings, r: Redis, qu
     assert [o.split(":")[1] for o in order] == ["8", "8", "5", "1", "1"]
 
 
+async def test_entries_of_two_streams_with_one_id_both_run(
+    settings: Settings, r: Redis, queue: Queue
+) -> None:
+    """Streams number their entries apart: one submit call adding to two queues in the same
+    millisecond gives both entries the same id. A worker holding both must run both (it once
+    took the second for the first, already in flight, and left it to the reaper)."""
+    ran: list[str] = []
+
+    async def record(payload: dict[str, Any], ctx: TaskContext) -> None:
+        ran.append(ctx.queue)
+        await asyncio.sleep(0.2)  # both in flight at once
+
+    tasks = await queue.submit_many(
+        [{"task_type": "wt_same", "payload": {}, "queue": q} for q in ("alpha", "beta")]
+    )
+    ids = [await r.hget(keys.task(t.task_id), "entry_id") for t in tasks]  # type: ignore[union-attr]
+    assert ids[0] == ids[1]
+    slow = fast(settings, visibility_timeout_s=60, heartbeat_interval_s=5)
+    async with running_worker(slow, handlers(wt_same=record), queues=("alpha", "beta")):
+        await wait_until(_len_is(ran, 2), 5, "both tasks run (not left to the reaper)")
+    assert sorted(ran) == ["alpha", "beta"]
+
+
 async def test_prefetch_never_exceeds_free_capacity(
     settings: Settings, r: Redis, queue: Queue
 ) -> None:

@@ -21,8 +21,12 @@ __all__ = ["purge_queue", "set_paused"]
 
 
 async def set_paused(store: Store, queue: str, paused: bool, *, audit: Audit | None = None) -> bool:
-    """Pause (workers stop reading the queue) or resume it; True when the state changed."""
+    """Pause (workers stop reading the queue) or resume it; True when the state changed. A
+    paused queue is listed in ``dtq:queues`` (by set_paused.lua itself in the flat layout; in
+    the cluster one, where the registry is in another slot, just before)."""
     check_queue(queue)
+    if paused and keys.cluster_layout():
+        await store.redis.sadd(keys.QUEUES, queue)
     return await calls.set_paused(store, queue, paused, audit)
 
 

@@ -53,7 +53,7 @@ async def _stats(store: Store, queues: Sequence[str]) -> list[QueueStats]:
     for key in dead_letters:  # every queue's, in the cluster layout: dlq_depth is the total
         pipe.xlen(key)
     pipe.smembers(keys.WORKERS)
-    pipe.time()
+    pipe.execute_command("TIME")  # not .time(): a cluster pipeline refuses that name
     replies = await pipe.execute(raise_on_error=False)
     for reply in replies:
         if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
@@ -132,7 +132,7 @@ async def workers(store: Store) -> list[WorkerInfo]:
     from the heartbeat's age on the Redis clock (stale: older than 3 heartbeat intervals)."""
     pipe = store.redis.pipeline(transaction=False)
     pipe.smembers(keys.WORKERS)
-    pipe.time()
+    pipe.execute_command("TIME")  # not .time(): a cluster pipeline refuses that name
     members, now = await pipe.execute()
     return await _worker_infos(store, members, time_reply_ms(now))
 
@@ -140,7 +140,7 @@ async def workers(store: Store) -> list[WorkerInfo]:
 async def worker(store: Store, worker_id: str) -> WorkerInfo:
     """One worker by id (whether or not it is still in ``dtq:workers``)."""
     pipe = store.redis.pipeline(transaction=False)
-    pipe.time()
+    pipe.execute_command("TIME")  # not .time(): a cluster pipeline refuses that name
     now = (await pipe.execute())[0]
     found = await _worker_infos(store, [worker_id], time_reply_ms(now))
     if not found:

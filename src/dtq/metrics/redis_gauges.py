@@ -151,7 +151,7 @@ class RedisGauges:
         # the next scrape).
         scopes = keys.scopes(queues) if keys.cluster_layout() else [""]
         pipe = redis.pipeline(transaction=False)
-        pipe.time()
+        pipe.execute_command("TIME")  # not .time(): a cluster pipeline refuses that name
         pipe.smembers(keys.QUEUES)
         pipe.smembers(keys.WORKERS)
         for scope in scopes:

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dtq import calls, keys
-from dtq.calls import Entry, StartReply
+from dtq.calls import Entry, StartReply, entry_key
 from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.log import bind as bind_log_fields
@@ -180,16 +180,16 @@ class Executor:
         resume: dict[str, str] = {}
         starting = self._starting
         for entry in entries:
-            entry_id = entry.entry_id
-            if entry_id in self.inflight or entry_id in starting:
+            key = entry_key(entry.stream, entry.entry_id)
+            if key in self.inflight or key in starting:
                 if self.lost:
-                    self.lost.pop(entry_id, None)
+                    self.lost.pop(key, None)
                 continue  # reclaimed from ourselves: running, or being started by another path
             if self.lost:
-                was = self.lost.pop(entry_id, None)
+                was = self.lost.pop(key, None)
                 if was is not None:
-                    resume[entry_id] = was[1]
-            starting.add(entry_id)
+                    resume[key] = was[1]
+            starting.add(key)
             todo.append(entry)
         self._capacity.release(slots - len(todo))
         if not todo:
@@ -200,14 +200,15 @@ class Executor:
         except TRANSIENT:
             self._capacity.release(len(todo))
             for entry in todo:
-                self.lost[entry.entry_id] = (entry, resume.get(entry.entry_id, token))
+                key = entry_key(entry.stream, entry.entry_id)
+                self.lost[key] = (entry, resume.get(key, token))
             raise
         except BaseException:
             self._capacity.release(len(todo))  # entries stay pending: the reaper redelivers them
             raise
         finally:
             for entry in todo:
-                starting.discard(entry.entry_id)
+                starting.discard(entry_key(entry.stream, entry.entry_id))
         for entry, start in zip(todo, replies, strict=True):
             if isinstance(start, Exception):
                 log.error(
@@ -221,9 +222,10 @@ class Executor:
                 continue
             self._launch(entry, start)
 
-    def holds(self, entry_id: str) -> bool:
-        """``entry_id`` is in flight, being started, or a start of it lost its reply."""
-        return entry_id in self.inflight or entry_id in self._starting or entry_id in self.lost
+    def holds(self, stream: str, entry_id: str) -> bool:
+        """The entry is in flight, being started, or a start of it lost its reply."""
+        key = entry_key(stream, entry_id)
+        return key in self.inflight or key in self._starting or key in self.lost
 
     def lost_entries(self, most: int) -> list[Entry]:
         """Up to ``most`` entries whose start reply was lost (see :meth:`start`)."""
@@ -231,7 +233,7 @@ class Executor:
 
     def _launch(self, entry: Entry, start: StartReply) -> None:
         ex = Execution(entry, start)
-        self.inflight[entry.entry_id] = ex
+        self.inflight[entry_key(entry.stream, entry.entry_id)] = ex
         if self.observers:
             wait_ms = None
             if start.attempt == 1 and start.created_ms is not None:
@@ -273,7 +275,7 @@ class Executor:
                 ex.attempt,
             )
         finally:
-            self.inflight.pop(entry.entry_id, None)
+            self.inflight.pop(entry_key(entry.stream, entry.entry_id), None)
             self._release(ex)
 
     def _release(self, ex: Execution) -> None:
@@ -324,9 +326,10 @@ class Executor:
                 )
         return cancelled
 
-    def on_lost(self, entry_ids: list[str]) -> None:
-        for entry_id in entry_ids:
-            ex = self.inflight.get(entry_id)
+    def on_lost(self, lost: list[str]) -> None:
+        """``lost``: :func:`~dtq.calls.entry_key` of the entries whose lease a touch found gone."""
+        for key in lost:
+            ex = self.inflight.get(key)
             if ex is not None and ex.cancel("lost"):
                 log.warning(
                     "task %s attempt %d: lease lost, %s",

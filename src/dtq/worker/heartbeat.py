@@ -150,7 +150,8 @@ class Heartbeat:
             pipe = self._redis.pipeline(transaction=False)
             pipe.srem(keys.WORKERS, self.worker_id)
             if publish_stopped:
-                pipe.publish(keys.EVENTS, self._event("WORKER_STOPPED"))
+                # execute_command: a cluster pipeline refuses .publish() (the channel is no key)
+                pipe.execute_command("PUBLISH", keys.EVENTS, self._event("WORKER_STOPPED"))  # type: ignore[no-untyped-call]
             pipe.execute()
         except (RedisError, OSError) as exc:
             log.warning("worker %s: final heartbeat failed: %s", self.worker_id, exc)

@@ -58,7 +58,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from dtq import calls, keys
-from dtq.calls import Entry, ReadPlan, ReadReply, parse_read
+from dtq.calls import Entry, ReadPlan, ReadReply, entry_key, parse_read
 from dtq.config import Settings
 from dtq.store import Store
 from dtq.worker.execution import Executor, wait_first
@@ -116,7 +116,12 @@ class Intake:
                 return
             try:
                 got = await self.read(n)
-                if got.since and not self._blocking and n >= len(got.since):
+                if (
+                    got.since
+                    and not self._blocking
+                    and n >= len(got.since)
+                    and not self._plan.parts  # one slot: a cluster worker of many queues watches
+                ):
                     got = await self._read_blocking(got.since, n)
             except BaseException as exc:
                 self.execution.give_back(n)
@@ -141,10 +146,34 @@ class Intake:
             else:  # too few slots to read every stream blocking: only watch them
                 self._blocking = True
                 try:
-                    watch: dict[Any, Any] = dict(got.since)
-                    await self.redis.xread(watch, count=1, block=BLOCK_MS)
+                    await self._watch(got.since)
                 finally:
                     self._blocking = False
+
+    async def _watch(self, since: dict[str, str]) -> None:
+        """``XREAD BLOCK`` (which consumes nothing) on the empty streams until one gets an entry
+        or ``BLOCK_MS`` pass. On a cluster, a queue's streams are one slot and the queues are
+        others: one XREAD per queue, concurrently, the first to return ending the wait (the
+        others are cancelled: nothing was read, so nothing is lost)."""
+        if not self._plan.parts:
+            watch: dict[Any, Any] = dict(since)
+            await self.redis.xread(watch, count=1, block=BLOCK_MS)
+            return
+        by_queue: dict[str, dict[Any, Any]] = {}
+        for stream, last in since.items():
+            by_queue.setdefault(keys.stream_queue(stream)[0], {})[stream] = last
+        waits = [
+            asyncio.ensure_future(self.redis.xread(w, count=1, block=BLOCK_MS))
+            for w in by_queue.values()
+        ]
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        for w in done:
+            w.result()  # a Redis error of the wait is the poll loop's to handle
 
     async def _start_unknown_pending(self) -> None:
         """After a read or claim whose reply a lost connection may have taken: what it
@@ -175,7 +204,7 @@ class Intake:
             unknown += [
                 (stream, str(row["message_id"]))
                 for row in rows
-                if not self.execution.holds(str(row["message_id"]))
+                if not self.execution.holds(stream, str(row["message_id"]))
             ]
         if not unknown:
             return
@@ -398,7 +427,7 @@ class Intake:
         candidates = [
             str(p["message_id"])
             for p in mine
-            if str(p["message_id"]) not in self.execution.inflight
+            if entry_key(stream, str(p["message_id"])) not in self.execution.inflight
         ]
         if not candidates:
             return

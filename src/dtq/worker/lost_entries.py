@@ -93,7 +93,7 @@ class LostEntries:
         if self.node >= len(primaries):
             self.node, self.cursor = 0, 0
         node = primaries[self.node]
-        cursor, found = await redis.execute_command(
+        reply = await redis.execute_command(
             "SCAN",
             self.cursor,
             "MATCH",
@@ -104,6 +104,9 @@ class LostEntries:
             "hash",
             target_nodes=node,
         )
+        cursor, found = reply
+        if isinstance(cursor, dict):  # redis-py's cluster SCAN: the cursor of each node asked
+            cursor = next(iter(cursor.values()))
         self.cursor = int(cursor)
         if self.cursor == 0:
             self.node += 1

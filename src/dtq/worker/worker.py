@@ -45,7 +45,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from dtq import keys
 from dtq.clock import RedisClock
@@ -376,7 +376,10 @@ class Worker:
             self.outage.ok(what)
             # Idle pooled connections that predate the outage may be dead (Redis restarted):
             # closed now, they reconnect when next used instead of failing a loop once more.
-            await self.redis.connection_pool.disconnect(inuse_connections=False)
+            if isinstance(self.redis, RedisCluster):  # its nodes' pools; and a new slot table
+                await self.redis.nodes_manager.initialize()
+            else:
+                await self.redis.connection_pool.disconnect(inuse_connections=False)
             return
 
     async def _sleep(self, seconds: float) -> None:
