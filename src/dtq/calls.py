@@ -1161,7 +1161,17 @@ async def remove_queue(
             [
                 keys.queue_last_submit(queue),
                 *keys.queue_streams(queue),
-                *(() if keys.cluster_layout() else (keys.QUEUES,)),
+                *(
+                    (
+                        keys.retry_schedule(queue),
+                        keys.retry_claimed(queue),
+                        keys.expiry(queue),
+                        keys.cancelled(queue),
+                        keys.dead_letter(queue),
+                    )
+                    if keys.cluster_layout()
+                    else (keys.QUEUES,)
+                ),
             ],
             [
                 queue,

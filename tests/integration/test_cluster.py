@@ -117,3 +117,46 @@ async def test_operator_actions_on_a_cluster(cq: Queue) -> None:
     assert idem.task_id
     actions = {e.action for e in await cq.audit_log()}
     assert actions == set()  # SDK calls without an Audit write none
+
+
+async def test_an_idle_queue_leaves_the_registry_unless_its_own_sets_hold_work(
+    csettings: Settings, rc: RedisCluster
+) -> None:
+    """On a cluster the queue's schedule, claimed, expiry and cancelled sets and its dead-letter
+    stream are its own: remove_queue.lua checks them itself, and the scheduler's pass takes the
+    name out of dtq:queues (another slot) only around a removal that happened."""
+    from dtq import calls
+    from dtq.worker.idle_queues import IdleQueues
+
+    q = await connect(settings=csettings.model_copy(update={"queue_idle_ttl_s": 1}))
+    try:
+        delayed = await q.submit("echo_task", {}, queue="later", delay_seconds=3600)
+        dead = await q.submit("echo_task", {}, queue="dead")
+        await q.submit("echo_task", {}, queue="empty")
+        for t in (dead,):
+            await rc.xadd(keys.dead_letter(t.queue), {"task_id": t.task_id})
+        for name in ("dead", "empty"):  # drained: their entries gone, as a worker leaves them
+            for stream in keys.queue_streams(name):
+                await rc.xtrim(stream, maxlen=0)
+
+        async def empty_is_idle() -> bool:
+            [reply] = await calls.remove_queue(q.store, [("empty", None)])
+            return not isinstance(reply, Exception) and reply.kind == "idle"
+
+        await wait_until(empty_is_idle, 5, "the empty queue idle past its TTL")
+        replies = await calls.remove_queue(q.store, [("later", None), ("dead", None)])
+        assert [(r.kind, r.detail) for r in replies] == [  # type: ignore[union-attr]
+            ("busy", "scheduled"),
+            ("busy", "dead_letters"),
+        ]
+        removed: list[str] = []
+        idle = IdleQueues(q.store)
+        done = False
+        while not done:
+            got, done = await idle.step(keep=set())
+            removed += got
+        assert removed == ["empty"]
+        assert sorted(await rc.smembers(keys.QUEUES)) == ["dead", "later"]
+        assert (await q.get(delayed.task_id)).status is TaskStatus.PENDING
+    finally:
+        await q.close()

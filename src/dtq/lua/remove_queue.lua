@@ -20,6 +20,10 @@
 -- KEYS[1] = dtq:queue:<queue>:last_submit   KEYS[2..11] = dtq:stream:<queue>:p9 .. p0
 -- KEYS[12] = dtq:queues, flat layout only (the cluster layout's caller removes the name in its
 --   own calls, around this one: docs/redis-schema.md, "The cluster layout")
+-- KEYS[12..16], cluster layout only: the queue's dtq:retry:schedule, dtq:retry:claimed,
+--   dtq:expiry, dtq:cancelled and dtq:stream:dead-letter, all of which must be empty (busy
+--   "scheduled" or "dead_letters" otherwise: the flat layout's caller scans its shared sets, and
+--   its dead letters outlive their queue's name in the one shared stream)
 -- ARGV[1] queue  [2] idle TTL ms  [3] consumer group  [4] "check" | "remove"
 -- ARGV[5] the mark the check returned ("remove" only)
 -- Returns {"idle", mark} (check) | {"removed"} (remove) | {"busy", why}, why one of: default,
@@ -38,6 +42,13 @@ local function last_id(stream)
   return nil
 end
 
+if #KEYS == 16 then
+  for k = 12, 14 do
+    if redis.call('ZCARD', KEYS[k]) > 0 then return {'busy', 'scheduled'} end
+  end
+  if redis.call('SCARD', KEYS[15]) > 0 then return {'busy', 'scheduled'} end
+  if redis.call('XLEN', KEYS[16]) > 0 then return {'busy', 'dead_letters'} end
+end
 local submitted = redis.call('GET', KEYS[1])
 local latest = tonumber(submitted or '') or 0
 local mark, present = {submitted or '-'}, {}
@@ -62,5 +73,5 @@ if mode == 'check' then return {'idle', mark} end
 if mark ~= ARGV[5] then return {'busy', 'changed'} end
 if #present > 0 then redis.call('DEL', unpack(present)) end
 redis.call('DEL', KEYS[1])
-if KEYS[12] then redis.call('SREM', KEYS[12], queue) end
+if #KEYS == 12 then redis.call('SREM', KEYS[12], queue) end
 return {'removed'}

@@ -68,14 +68,33 @@ class IdleQueues:
         if not self.idle or (not done and len(self.idle) < GATHER):
             return [], done
         idle, self.idle = self.idle, {}
-        scheduled = await _scheduled_queues(self.store, set(idle))
+        cluster = keys.cluster_layout()
+        # The cluster layout's script checks the queue's own sets itself.
+        scheduled = set() if cluster else await _scheduled_queues(self.store, set(idle))
         todo = [(q, mark) for q, mark in idle.items() if q not in scheduled and q not in keep]
+        if cluster and todo:
+            # The registry is in another slot: the name leaves it first and comes back unless
+            # the script removed the queue, so a submit racing the removal (which lists its
+            # queue after its script) always leaves the queue listed (docs/redis-schema.md).
+            await self.store.redis.srem(keys.QUEUES, *(q for q, _ in todo))
         removed: list[str] = []
-        for (queue, _), reply in zip(todo, await calls.remove_queue(self.store, todo), strict=True):
+        kept: list[str] = []
+        try:
+            replies = await calls.remove_queue(self.store, todo)
+        except BaseException:
+            if cluster and todo:
+                await self.store.redis.sadd(keys.QUEUES, *(q for q, _ in todo))
+            raise
+        for (queue, _), reply in zip(todo, replies, strict=True):
             if isinstance(reply, Exception):
                 log.error("removal of idle queue %s failed: %s", queue, reply)
+                kept.append(queue)
             elif reply.kind == "removed":
                 removed.append(queue)
+            else:
+                kept.append(queue)
+        if cluster and kept:
+            await self.store.redis.sadd(keys.QUEUES, *kept)
         return removed, done
 
 
