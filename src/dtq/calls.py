@@ -33,7 +33,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from dtq import keys
 from dtq.config import Settings
 from dtq.models import SubmitRequest
-from dtq.scripts import Call, Scripts
+from dtq.scripts import Call, Scripts, WaitError
 
 __all__ = [
     "RECENT_CAP",
@@ -56,6 +56,7 @@ __all__ = [
     "RemoveQueueReply",
     "StartReply",
     "SubmitReply",
+    "Submitted",
     "Where",
     "adopt",
     "cancel",
@@ -221,6 +222,7 @@ def _submit_call(reqs: Sequence[SubmitRequest], ids: Sequence[str], s: Settings)
             new_id(),
         )
     args[5] = len(queues)
+    args.append(_flag(s.submit_min_replicas > 0))  # a replay writes for the WAIT to count
     stream_keys = [k for queue in queues for k in _queue_streams(queue)]
     task_keys += [keys.queue_last_submit(queue) for queue in queues]  # KEYS[T + 3n + q]
     return (
@@ -230,14 +232,38 @@ def _submit_call(reqs: Sequence[SubmitRequest], ids: Sequence[str], s: Settings)
     )
 
 
-async def submit(
-    db: Backend, reqs: Sequence[SubmitRequest], ids: Sequence[str]
-) -> list[SubmitReply | ResponseError]:
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """submit.lua's replies for a batch, one per task in order, and ``replicas``: how many
+    replicas WAIT saw acknowledge the batch's writes (None: no WAIT was sent, as with
+    ``DTQ_SUBMIT_MIN_REPLICAS`` = 0)."""
+
+    replies: list[SubmitReply | ResponseError]
+    replicas: int | None = None
+    wait_error: str = ""  # Redis refused the WAIT (disabled, renamed): replicas is then 0
+
+
+async def submit(db: Backend, reqs: Sequence[SubmitRequest], ids: Sequence[str]) -> Submitted:
     """submit.lua for ``reqs`` (task ids ``ids``), all chunks in one round trip; one reply per
     task, in order. A Redis error is that task's result (a wrong-type key), or every task's of
     its chunk when the whole call failed (out of memory), so that the tasks other calls
-    committed are still reported; a lost connection is raised (no outcome is known)."""
-    chunks = await db.scripts.call_many(db.redis, submit_calls(reqs, ids, db.settings))
+    committed are still reported; a lost connection is raised (no outcome is known).
+
+    With ``DTQ_SUBMIT_MIN_REPLICAS`` > 0, ``WAIT min_replicas timeout`` follows the calls on
+    the same connection, in the same round trip (:meth:`Scripts.call_many_wait`)."""
+    s = db.settings
+    batch = submit_calls(reqs, ids, s)
+    replicas: int | None = None
+    wait_error = ""
+    if s.submit_min_replicas:
+        try:
+            chunks, replicas = await db.scripts.call_many_wait(
+                db.redis, batch, s.submit_min_replicas, s.submit_replica_timeout_ms
+            )
+        except WaitError as exc:  # the scripts ran: their tasks are reported, unconfirmed
+            chunks, replicas, wait_error = exc.results, 0, str(exc)
+    else:
+        chunks = await db.scripts.call_many(db.redis, batch)
     out: list[SubmitReply | ResponseError] = []
     for i, chunk in enumerate(chunks):
         if isinstance(chunk, ResponseError):
@@ -259,7 +285,7 @@ async def submit(
                 out.append(ResponseError(str(reply[2])))
             else:
                 out.append(SubmitReply("err", code=str(reply[1]), detail=str(reply[2])))
-    return out
+    return Submitted(out, replicas, wait_error)
 
 
 # -- read.lua -----------------------------------------------------------------------------------
