@@ -24,8 +24,9 @@
 --   else "0"
 --
 -- A replay (the key's record exists: "dup", or IDEMPOTENCY_IN_PROGRESS) writes nothing of its
--- own, and WAIT counts only the writes of the connection it runs on: it would prove nothing
--- about a task another connection wrote. With ARGV[7 + 15n] = "1" a replay therefore writes
+-- own, and WAIT waits for the replication offset of its connection's last write (Redis 7 and
+-- Valkey; Redis 6.2 moves it at every command): it would prove nothing about a task another
+-- connection wrote. With ARGV[7 + 15n] = "1" a replay therefore writes
 -- the record again, unchanged (same value, TTL kept): a write later in the replication stream
 -- than every write of the task, so the WAIT that follows confirms the task itself
 -- (docs/delivery-guarantees.md, "Replicated submits").
