@@ -281,3 +281,41 @@ async def test_cli_submit_exits_1_naming_the_task(pair: Pair, primary: Redis) ->
     again = cli.fails(1, "submit", "--type", "echo_task", "--idempotency-key", "cli-1")
     assert task_id in again.err and "in progress" in again.err
     assert await primary.zcard(keys.RECENT) == 1
+
+
+# -- edges of the exchange ----------------------------------------------------------------------
+
+
+async def test_scripts_loaded_again_are_confirmed_by_a_wait_of_their_own(
+    pair: Pair, q: Queue, primary: Redis
+) -> None:
+    """After NOSCRIPT the calls are sent again, with their own WAIT (the first one covered
+    nothing of theirs): two WAITs, the smaller count decides."""
+    await primary.script_flush()
+    before = await wait_calls(primary)
+    task = await q.submit("rp_echo", {})
+    assert task.status == "queued"
+    assert await wait_calls(primary) - before == 2
+    await primary.script_flush()
+    with pair.replica_stopped(), pytest.raises(ReplicationTimeoutError) as exc:
+        await q.submit("rp_echo", {})
+    assert await primary.hget(keys.task(exc.value.task_id), "status") == "queued"
+
+
+async def test_a_refused_wait_reports_the_tasks_unconfirmed(pair: Pair, primary: Redis) -> None:
+    """A server that refuses WAIT (here an ACL without it; renamed or disabled elsewhere):
+    the scripts ran, so their tasks are named, unconfirmed, with Redis's reason."""
+    await primary.acl_setuser(
+        "nowait", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+        commands=["+@all", "-wait"],
+    )  # fmt: skip
+    url = pair.url.replace("redis://", "redis://nowait:pw@")
+    settings = Settings(redis_url=url, submit_min_replicas=1, submit_replica_timeout_ms=TIMEOUT_MS)
+    try:
+        async with await connect(settings=settings) as q:
+            with pytest.raises(ReplicationTimeoutError) as exc:
+                await q.submit("rp_echo", {}, idempotency_key="acl-1")
+    finally:
+        await primary.acl_deluser("nowait")
+    assert "WAIT" in exc.value.message and exc.value.details["replicas"] == 0
+    assert await primary.hget(keys.task(exc.value.task_id), "status") == "queued"
