@@ -252,6 +252,10 @@ async def test_api_answers_503_replication_timeout_with_the_task_id(
         assert resp.headers["retry-after"] == "1"
         got = await api.client.get(f"/api/v1/tasks/{task_id}")
         assert got.status_code == 200 and got.json()["status"] == "queued"
+        # Counted as submitted (it was accepted), not as a rejected submission.
+        metrics = (await api.client.get("/metrics")).text
+        assert 'dtq_tasks_submitted_total{queue="default",task_type="api_echo"} 1.0' in metrics
+        assert "dtq_ingest_rejected_total{" not in metrics
         # The retry with the same key, now confirmed: the key's task, in progress.
         retry = await api.client.post(
             "/api/v1/tasks",
