@@ -14,8 +14,9 @@ claim_due or cancel run twice); only connecting, before anything is written, fol
 dtq's own clients pin retries off as well (:func:`dtq.connection.no_retry`).
 
 :meth:`Scripts.call_many_wait` sends ``WAIT numreplicas timeout`` after the calls, in the same
-write on the same connection: WAIT counts the writes of the connection it runs on, so it must
-follow the scripts there, and it costs no round trip of its own.
+write on the same connection: WAIT waits until replicas acknowledge the last write of the
+connection it runs on, so it must follow the scripts there, and it costs no round trip of its
+own.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ OpHook = Callable[[str, bool], None]
 
 
 class WaitError(ResponseError):
-    """Redis refused the WAIT that followed a batch (renamed or disabled, a replica): the
-    scripts' replies are in ``results``, since they ran."""
+    """Redis refused the WAIT that followed a batch (renamed, disabled or denied by an ACL):
+    the scripts ran, and their replies are in ``results``."""
 
     def __init__(self, message: str, results: list[Any]) -> None:
         super().__init__(message)

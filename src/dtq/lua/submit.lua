@@ -26,10 +26,10 @@
 -- A replay (the key's record exists: "dup", or IDEMPOTENCY_IN_PROGRESS) writes nothing of its
 -- own, and WAIT waits for the replication offset of its connection's last write (Redis 7 and
 -- Valkey; Redis 6.2 moves it at every command): it would prove nothing about a task another
--- connection wrote. With ARGV[7 + 15n] = "1" a replay therefore writes
--- the record again, unchanged (same value, TTL kept): a write later in the replication stream
--- than every write of the task, so the WAIT that follows confirms the task itself
--- (docs/delivery-guarantees.md, "Replicated submits").
+-- connection wrote. With ARGV[7 + 15n] = "1" a replay therefore writes the record again,
+-- unchanged (same value, TTL kept): a write later in the replication stream than every write
+-- of the task, so the WAIT that follows confirms the task itself (docs/delivery-guarantees.md,
+-- "Replicated submits"). With "0" a replay writes nothing, as before.
 -- Admission is exact: the queue's depth (XLEN of its ten streams) is read once per batch and then
 -- counted up with each entry this call adds; no other command runs meanwhile (one script).
 -- All tasks of a batch share one Redis TIME (created_at); their recent-index scores differ
