@@ -20,9 +20,9 @@ import redis as sync_redis
 from redis.asyncio import Redis
 
 from dtq import Queue, Task, connect, keys
-from dtq.config import Settings
+from dtq.config import Settings, load_settings
 from dtq.devserver import RedisServer, start_redis
-from dtq.errors import IdempotencyInProgressError, ReplicationTimeoutError
+from dtq.errors import ConfigError, IdempotencyInProgressError, ReplicationTimeoutError
 from support.api import api_settings, error_of, running_api
 from support.cli import Cli
 from support.waiting import wait_until_sync
@@ -323,3 +323,20 @@ async def test_a_refused_wait_reports_the_tasks_unconfirmed(pair: Pair, primary:
         await primary.acl_deluser("nowait")
     assert "WAIT" in exc.value.message and exc.value.details["replicas"] == 0
     assert await primary.hget(keys.task(exc.value.task_id), "status") == "queued"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("DTQ_SUBMIT_MIN_REPLICAS", "-1"),
+        ("DTQ_SUBMIT_MIN_REPLICAS", "17"),
+        ("DTQ_SUBMIT_REPLICA_TIMEOUT_MS", "0"),  # WAIT 0 would block forever
+        ("DTQ_SUBMIT_REPLICA_TIMEOUT_MS", "60001"),
+    ],
+)
+def test_settings_out_of_range_are_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=f"{name}="):
+        load_settings()
