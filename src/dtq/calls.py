@@ -33,7 +33,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from dtq import keys
 from dtq.config import Settings
 from dtq.models import SubmitRequest
-from dtq.scripts import Call, Scripts
+from dtq.scripts import Call, Scripts, WaitError
 
 __all__ = [
     "RECENT_CAP",
@@ -56,6 +56,7 @@ __all__ = [
     "RemoveQueueReply",
     "StartReply",
     "SubmitReply",
+    "Submitted",
     "Where",
     "adopt",
     "cancel",
@@ -248,6 +249,7 @@ def _submit_call(reqs: Sequence[SubmitRequest], ids: Sequence[str], s: Settings)
             new_id(),
         )
     args[5] = len(queues)
+    args.append(_flag(s.submit_min_replicas > 0))  # a replay writes for the WAIT to count
     stream_keys = [k for queue in queues for k in _queue_streams(queue)]
     task_keys += [keys.queue_last_submit(queue) for queue in queues]  # KEYS[T + 3n + q]
     if not keys.cluster_layout():  # a cluster batch is one queue's, registered apart
@@ -266,16 +268,40 @@ def _submit_call(reqs: Sequence[SubmitRequest], ids: Sequence[str], s: Settings)
     )
 
 
-async def submit(
-    db: Backend, reqs: Sequence[SubmitRequest], ids: Sequence[str]
-) -> list[SubmitReply | ResponseError]:
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """submit.lua's replies for a batch, one per task in order, and ``replicas``: how many
+    replicas WAIT saw acknowledge the batch's writes (None: no WAIT was sent, as with
+    ``DTQ_SUBMIT_MIN_REPLICAS`` = 0)."""
+
+    replies: list[SubmitReply | ResponseError]
+    replicas: int | None = None
+    wait_error: str = ""  # Redis refused the WAIT (disabled, renamed): replicas is then 0
+
+
+async def submit(db: Backend, reqs: Sequence[SubmitRequest], ids: Sequence[str]) -> Submitted:
     """submit.lua for ``reqs`` (task ids ``ids``), all chunks in one round trip; one reply per
     task, in order. A Redis error is that task's result (a wrong-type key), or every task's of
     its chunk when the whole call failed (out of memory), so that the tasks other calls
-    committed are still reported; a lost connection is raised (no outcome is known)."""
+    committed are still reported; a lost connection is raised (no outcome is known).
+
+    With ``DTQ_SUBMIT_MIN_REPLICAS`` > 0, ``WAIT min_replicas timeout`` follows the calls on
+    the same connection, in the same round trip (:meth:`Scripts.call_many_wait`; on a cluster,
+    on each node's connection after its calls)."""
+    s = db.settings
     groups = submit_chunks(reqs)
-    calls = [_submit_call([reqs[i] for i in g], [ids[i] for i in g], db.settings) for g in groups]
-    chunks = await db.scripts.call_many(db.redis, calls)
+    batch = [_submit_call([reqs[i] for i in g], [ids[i] for i in g], s) for g in groups]
+    replicas: int | None = None
+    wait_error = ""
+    if s.submit_min_replicas:
+        try:
+            chunks, replicas = await db.scripts.call_many_wait(
+                db.redis, batch, s.submit_min_replicas, s.submit_replica_timeout_ms
+            )
+        except WaitError as exc:  # the scripts ran: their tasks are reported, unconfirmed
+            chunks, replicas, wait_error = exc.results, 0, str(exc)
+    else:
+        chunks = await db.scripts.call_many(db.redis, batch)
     out: list[SubmitReply | ResponseError | None] = [None] * len(reqs)
     for group, chunk in zip(groups, chunks, strict=True):
         if isinstance(chunk, ResponseError):
@@ -286,7 +312,7 @@ async def submit(
             raise chunk
         for i, reply in zip(group, chunk, strict=True):
             out[i] = _submit_reply(reply)
-    return cast("list[SubmitReply | ResponseError]", out)
+    return Submitted(cast("list[SubmitReply | ResponseError]", out), replicas, wait_error)
 
 
 def _submit_reply(reply: Sequence[Any]) -> SubmitReply | ResponseError:

@@ -176,7 +176,9 @@ class Queue:
         """Submit one task; ``options`` are :class:`SubmitOptions` (defaults: queue
         ``default``, priority 5, max_attempts 5, timeout ``DTQ_TASK_TIMEOUT_MS``). A replay
         of an idempotency key returns the stored task with ``duplicate=True``; errors are
-        :class:`dtq.errors.DtqError` leaves."""
+        :class:`dtq.errors.DtqError` leaves. With ``DTQ_SUBMIT_MIN_REPLICAS`` set, a task
+        its replicas did not confirm in time raises
+        :class:`dtq.errors.ReplicationTimeoutError` naming it (it was not rolled back)."""
         return await self.store.submit(self._build(task_type, payload, options))
 
     @_redis_errors
@@ -193,7 +195,9 @@ class Queue:
         Each item is a mapping with ``task_type``, ``payload`` and any option of :meth:`submit`;
         ``common`` options apply to every item that does not set them. Every item is validated
         before anything is sent (an invalid one raises). The result has one entry per item, in
-        order: the task, or the error Redis refused it with (queue full, in progress).
+        order: the task, or the error Redis refused it with (queue full, in progress), or
+        :class:`dtq.errors.ReplicationTimeoutError` for an accepted task its replicas did not
+        confirm in time (``DTQ_SUBMIT_MIN_REPLICAS``).
         """
         reqs = []
         for item in tasks:

@@ -20,6 +20,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from dtq.errors import ConfigError
 
 __all__ = [
+    "MAX_REPLICA_TIMEOUT_MS",
+    "MAX_SUBMIT_REPLICAS",
     "MAX_TIMEOUT_MS",
     "WORKER_ID_RE",
     "Settings",
@@ -29,6 +31,10 @@ __all__ = [
 ]
 
 MAX_TIMEOUT_MS = 3_600_000
+MAX_SUBMIT_REPLICAS = 16
+# WAIT holds the submit's connection (and its caller) this long at most; WAIT 0 would block
+# forever, so 0 is refused too.
+MAX_REPLICA_TIMEOUT_MS = 60_000
 WORKER_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # DTQ_WORKER_ID, and the API's worker lookups
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -69,6 +75,11 @@ class Settings(BaseSettings):
     result_retention_s: PositiveInt = 3_600
     result_max_bytes: Annotated[int, Field(ge=0)] = 8_192
     idem_ttl_s: PositiveInt = 86_400
+    # Replicated submits (docs/delivery-guarantees.md, "Replicated submits"): a submit is
+    # answered only once WAIT saw this many replicas hold it, or after the timeout with
+    # REPLICATION_TIMEOUT. 0 sends no WAIT at all.
+    submit_min_replicas: Annotated[int, Field(ge=0, le=MAX_SUBMIT_REPLICAS)] = 0
+    submit_replica_timeout_ms: Annotated[int, Field(ge=1, le=MAX_REPLICA_TIMEOUT_MS)] = 1_000
     # A queue idle this long (no submit, nothing waiting, delayed, retrying or running) has its
     # keys removed by the scheduler leader (docs/redis-schema.md, "Queue lifetime").
     queue_idle_ttl_s: PositiveInt = 86_400

@@ -15,6 +15,7 @@ The tree is shallow; the API and the CLI map each leaf to one error code (``code
     │   └── TaskTerminalError         TASK_TERMINAL        410
     ├── NotInDeadLetterError          NOT_IN_DLQ           404
     ├── WorkerNotFoundError           WORKER_NOT_FOUND     404
+    ├── ReplicationTimeoutError       REPLICATION_TIMEOUT  503         (CLI exit 1)
     └── RedisUnavailableError         REDIS_UNAVAILABLE    503         (CLI exit 1)
 
 Handler-side errors (``RetryableError``, ``PermanentError``, ``RescheduleError``) are part of
@@ -35,6 +36,7 @@ __all__ = [
     "PayloadTooLargeError",
     "QueueFullError",
     "RedisUnavailableError",
+    "ReplicationTimeoutError",
     "TaskNotFoundError",
     "TaskRunningError",
     "TaskTerminalError",
@@ -110,6 +112,31 @@ class NotInDeadLetterError(DtqError):
 
 class WorkerNotFoundError(DtqError):
     code = "WORKER_NOT_FOUND"
+
+
+class ReplicationTimeoutError(DtqError):
+    """The primary accepted the submit, but fewer than ``DTQ_SUBMIT_MIN_REPLICAS`` replicas
+    confirmed it within ``DTQ_SUBMIT_REPLICA_TIMEOUT_MS``. Nothing is rolled back: the task
+    exists and may run. ``task_id`` names it; ``duplicate`` is True when the submit was a replay
+    of an idempotency key whose task already existed (nothing new was written). ``task`` is the
+    task the submit would have answered with (None for a replay of a task still in progress).
+    A retry with the same idempotency key is safe (docs/delivery-guarantees.md)."""
+
+    code = "REPLICATION_TIMEOUT"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        task_id: str,
+        duplicate: bool,
+        task: Any = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(message, task_id=task_id, duplicate=duplicate, **details)
+        self.task_id = task_id
+        self.duplicate = duplicate
+        self.task = task
 
 
 class RedisUnavailableError(DtqError):

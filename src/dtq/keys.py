@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 from binascii import crc_hqx
 from collections.abc import Iterable
+from importlib import resources
 
 __all__ = [
     "AUDIT",
@@ -129,16 +130,19 @@ def slot(key: str) -> int:
     return crc_hqx(key.encode(), 0) % SLOTS
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.cache
+def _slot_tags() -> str:
+    """``slot_tags.txt``: for each slot in order, the smallest five-hex-digit string whose slot
+    it is (every slot has one: there are 2**20 candidates for 2**14 slots), 5 characters each.
+    A table, because finding one takes up to a million CRCs; tests/unit/test_keys.py derives it
+    again and compares."""
+    return resources.files("dtq").joinpath("slot_tags.txt").read_text(encoding="ascii").strip()
+
+
 def _slot_prefix(target: int) -> str:
-    """The smallest five-hex-digit string whose slot is ``target``: deterministic, so every
-    process gives a queue's tasks the same prefix. Every slot has one (there are 2**20
-    candidates for 2**14 slots; a unit test checks them all)."""
-    for n in range(16**TAG_DIGITS):
-        candidate = f"{n:05x}"
-        if crc_hqx(candidate.encode(), 0) % SLOTS == target:
-            return candidate
-    raise AssertionError(f"no {TAG_DIGITS}-hex-digit tag for slot {target}")  # pragma: no cover
+    """The tag of slot ``target``: deterministic, so every process gives a queue's tasks the
+    same prefix."""
+    return _slot_tags()[TAG_DIGITS * target : TAG_DIGITS * (target + 1)]
 
 
 def task_id_prefix(queue: str) -> str:

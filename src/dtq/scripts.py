@@ -19,6 +19,11 @@ timeout is raised to the caller, never retried, whatever retry policy the client
 with (redis-py's ``execute_command`` would send the EVALSHA again, and submit, start,
 claim_due or cancel run twice); only connecting, before anything is written, follows it.
 dtq's own clients pin retries off as well (:func:`dtq.connection.no_retry`).
+
+:meth:`Scripts.call_many_wait` sends ``WAIT numreplicas timeout`` after the calls, in the same
+write on the same connection: WAIT waits until replicas acknowledge the last write of the
+connection it runs on, so it must follow the scripts there, and it costs no round trip of its
+own.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dtq.keys import slot
 
-__all__ = ["SCRIPT_NAMES", "Call", "Scripts"]
+__all__ = ["SCRIPT_NAMES", "Call", "Scripts", "WaitError"]
 
 SCRIPT_NAMES = (
     "submit",
@@ -68,6 +73,15 @@ Call = tuple[str, Sequence[str], Sequence[Any]]
 """(script name, keys, args) of one script call."""
 
 OpHook = Callable[[str, bool], None]
+
+
+class WaitError(ResponseError):
+    """Redis refused the WAIT that followed a batch (renamed, disabled or denied by an ACL):
+    the scripts ran, and their replies are in ``results``."""
+
+    def __init__(self, message: str, results: list[Any]) -> None:
+        super().__init__(message)
+        self.results = results
 
 
 def _read(name: str) -> str:
@@ -161,16 +175,66 @@ class Scripts:
                 self._on_call(name, not isinstance(r, Exception))
         return results
 
-    async def _send(self, redis: Redis, calls: Sequence[Call]) -> list[Any]:
+    async def call_many_wait(
+        self, redis: Redis, calls: Sequence[Call], replicas: int, timeout_ms: int
+    ) -> tuple[list[Any], int]:
+        """:meth:`call_many`, then ``WAIT replicas timeout_ms`` on the same connection in the
+        same write; returns the results and how many replicas acknowledged every write the
+        calls made (fewer than ``replicas`` once the timeout passed). Calls sent again after a
+        NOSCRIPT reply go out with a WAIT of their own (perhaps on another connection): the
+        count is the smaller of the two. A refused WAIT raises :class:`WaitError`."""
+        if not calls:
+            return [], replicas
+        wait = ("WAIT", replicas, timeout_ms)
+        if isinstance(redis, RedisCluster):  # a WAIT after each node's share, on its connection
+            results, waits = await self._cluster_exchange(redis, calls, wait)
+            if self._on_call is not None:
+                for (name, _, _), r in zip(calls, results, strict=True):
+                    self._on_call(name, not isinstance(r, Exception))
+            refused = next((w for w in waits if isinstance(w, Exception)), None)
+            if refused is not None:
+                raise WaitError(f"WAIT after the scripts was refused: {refused}", results)
+            return results, min(int(w) for w in waits)
+        results = await self._send(redis, calls, wait)
+        acked = results.pop()
+        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if missing:
+            await self.load(redis)
+            again = await self._send(redis, [calls[i] for i in missing], wait)
+            acked_again = again.pop()
+            for i, r in zip(missing, again, strict=True):
+                results[i] = r
+            if isinstance(acked_again, Exception):  # an error of either WAIT wins
+                acked = acked_again
+            elif not isinstance(acked, Exception):
+                acked = min(acked, acked_again)
+        if self._on_call is not None:
+            for (name, _, _), r in zip(calls, results, strict=True):
+                self._on_call(name, not isinstance(r, Exception))
+        if isinstance(acked, ResponseError):
+            raise WaitError(f"WAIT after the scripts was refused: {acked}", results)
+        return results, int(acked)
+
+    async def _send(
+        self, redis: Redis, calls: Sequence[Call], wait: Sequence[Any] = ()
+    ) -> list[Any]:
         """The calls on one pooled connection: one write, then every reply in order under one
         socket timeout. A redis-py pipeline arms a timer per reply and adds per-call
         bookkeeping (~10 us of a worker's CPU per task). A lost connection or a timeout is
-        raised, never retried: some of the calls may have run."""
-        commands = [("EVALSHA", self.sha[n], len(k), *k, *a) for n, k, a in calls]
+        raised, never retried: some of the calls may have run. ``wait``: a WAIT command sent
+        after the calls (its reply, or error, is the last result; the timeout is the socket's
+        plus WAIT's own)."""
+        commands: list[Sequence[Any]] = [
+            ("EVALSHA", self.sha[n], len(k), *k, *a) for n, k, a in calls
+        ]
+        extra_s = 0.0
+        if wait:
+            commands.append(wait)
+            extra_s = int(wait[2]) / 1000
         pool = redis.connection_pool
         conn: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
-            results = await _exchange(conn, commands)
+            results = await _exchange(conn, commands, extra_s)
         finally:
             await pool.release(conn)
         return [
@@ -183,6 +247,15 @@ class Scripts:
         concurrently; again where a MOVED or ASK reply says (the call did not run), or after
         loading the scripts on a NOSCRIPT. A lost connection is raised (some calls may have
         run) once the slot table is refreshed."""
+        results, _ = await self._cluster_exchange(redis, calls)
+        return results
+
+    async def _cluster_exchange(
+        self, redis: RedisCluster, calls: Sequence[Call], wait: Sequence[Any] = ()
+    ) -> tuple[list[Any], list[Any]]:
+        """:meth:`_cluster_calls`, each node's write ended by ``wait`` (a WAIT) when given: the
+        results, and the WAIT replies (or errors) of every node write."""
+        waits: list[Any] = []
         if not redis.nodes_manager.slots_cache:
             await redis.initialize()
         results: list[Any] = [None] * len(calls)
@@ -197,7 +270,7 @@ class Scripts:
                 group[2].append(i)
             sent = await asyncio.gather(
                 *(
-                    self._node_send(node, ask, [calls[i] for i in idx])
+                    self._node_send(node, ask, [calls[i] for i in idx], wait)
                     for node, ask, idx in groups.values()
                 ),
                 return_exceptions=True,
@@ -212,6 +285,8 @@ class Scripts:
             noscript = False
             for (_, _, idx), replies in zip(groups.values(), sent, strict=True):
                 assert isinstance(replies, list)
+                if wait:
+                    waits.append(replies.pop())
                 for i, r in zip(idx, replies, strict=True):
                     if isinstance(r, MovedError):
                         await redis.nodes_manager.move_slot(r)
@@ -227,28 +302,37 @@ class Scripts:
             if noscript:
                 await self.load(redis)
             if not todo:
-                return results
+                return results, waits
         raise RedisConnectionError(
             f"{len(todo)} script calls still redirected after {_REDIRECTS} tries"
         )
 
-    async def _node_send(self, node: ClusterNode, asking: bool, calls: Sequence[Call]) -> list[Any]:
+    async def _node_send(
+        self, node: ClusterNode, asking: bool, calls: Sequence[Call], wait: Sequence[Any] = ()
+    ) -> list[Any]:
         """``calls`` on one connection of ``node`` (after ASKING, for an ASK redirection), one
-        write, their replies in order."""
+        write, their replies in order; ``wait`` (a WAIT) after them, its reply last."""
         commands: list[Sequence[Any]] = []
         for n, k, a in calls:
             if asking:
                 commands.append(("ASKING",))
             commands.append(("EVALSHA", self.sha[n], len(k), *k, *a))
+        extra_s = 0.0
+        if wait:
+            commands.append(wait)
+            extra_s = int(wait[2]) / 1000
         conn = node.acquire_connection()
         try:
-            replies = await _exchange(conn, commands)
+            replies = await _exchange(conn, commands, extra_s)
         except BaseException:
             await conn.disconnect(nowait=True)
             raise
         finally:
             node.release(conn)
-        return replies[1::2] if asking else replies
+        if asking:
+            tail = [replies.pop()] if wait else []
+            return [*replies[1::2], *tail]
+        return replies
 
 
 _REDIRECTS = 5  # MOVED / ASK / NOSCRIPT rounds a cluster batch follows before giving up
@@ -266,11 +350,18 @@ async def _send_once(redis: Redis, command: Sequence[Any]) -> Any:
         await pool.release(conn)
 
 
-async def _exchange(conn: AbstractConnection, commands: Sequence[Sequence[Any]]) -> list[Any]:
+async def _exchange(
+    conn: AbstractConnection, commands: Sequence[Sequence[Any]], extra_s: float = 0.0
+) -> list[Any]:
+    """Every command in one write, every reply in order, within the socket timeout (plus
+    ``extra_s``, the time a command may block in Redis on purpose, as WAIT does)."""
     await conn.send_packed_command(conn.pack_commands(commands))
     replies: list[Any] = []
+    limit = conn.socket_timeout
+    if limit is not None:
+        limit += extra_s
     try:
-        async with asyncio.timeout(conn.socket_timeout):
+        async with asyncio.timeout(limit):
             for _ in commands:
                 try:  # math.inf: no timer per reply (the one above bounds them all)
                     replies.append(await conn.read_response(timeout=math.inf))

@@ -27,6 +27,7 @@ from dtq.errors import (
     DtqError,
     IdempotencyInProgressError,
     QueueFullError,
+    ReplicationTimeoutError,
     TaskNotFoundError,
 )
 from dtq.models import HistoryEntry, SubmitRequest, Task, TaskStatus
@@ -130,7 +131,8 @@ class Store:
         if not reqs:
             return []
         ids = [new_task_id(req.queue) for req in reqs]
-        replies = await calls.submit(self, reqs, ids)
+        submitted = await calls.submit(self, reqs, ids)
+        replies = submitted.replies
         if keys.cluster_layout():
             await self._register(reqs, replies)
         # Replays return the stored tasks: all of them read in one more round trip.
@@ -156,6 +158,12 @@ class Store:
                 out.append(task.model_copy(update={"duplicate": True}))
             else:
                 out.append(_submit_error(req, reply))
+        wanted = self.settings.submit_min_replicas
+        if submitted.replicas is not None and submitted.replicas < wanted:
+            return [
+                _unconfirmed(req, outcome, submitted, self.settings)
+                for req, outcome in zip(reqs, out, strict=True)
+            ]
         return out
 
     async def _register(
@@ -370,6 +378,40 @@ _NEW_TASK = Task.model_construct(
     duplicate=False,
 )
 """A task just submitted, before the fields of its submission (see :func:`_new_task`)."""
+
+
+def _unconfirmed(
+    req: SubmitRequest, outcome: _Outcome, submitted: calls.Submitted, settings: Settings
+) -> _Outcome:
+    """``outcome`` of a batch that fewer than DTQ_SUBMIT_MIN_REPLICAS replicas confirmed: an
+    answer that says a task exists (a new task, a replay, a replay of a task in progress)
+    becomes ReplicationTimeoutError naming it; refusals and errors stay as they are."""
+    if isinstance(outcome, Task):
+        task_id, duplicate, task = outcome.task_id, outcome.duplicate, outcome
+    elif isinstance(outcome, IdempotencyInProgressError):
+        task_id, duplicate, task = str(outcome.details["task_id"]), True, None
+    else:
+        return outcome
+    wanted, acked = settings.submit_min_replicas, submitted.replicas or 0
+    why = submitted.wait_error or (
+        f"{acked} of {wanted} replica(s) confirmed it within "
+        f"{settings.submit_replica_timeout_ms} ms"
+    )
+    what = "replay of an existing task" if duplicate else "new task"
+    retry = (
+        "a retry with the same idempotency key is safe"
+        if req.idempotency_key
+        else "it has no idempotency key: a retry submits a second task"
+    )
+    return ReplicationTimeoutError(
+        f"task {task_id} ({what}) is on the Redis primary but not confirmed by its replicas: "
+        f"{why}; it is not rolled back and may run; {retry}",
+        task_id=task_id,
+        duplicate=duplicate,
+        task=task,
+        replicas=acked,
+        min_replicas=wanted,
+    )
 
 
 def _submit_error(req: SubmitRequest, reply: SubmitReply) -> DtqError:

@@ -1,9 +1,9 @@
 """Every Lua script has exactly one caller module, ``dtq/calls.py``, and one function there.
 
 Read from the sources (``ast``), not by importing: a script call is a ``.call(...)``,
-``.call_many(...)`` or ``.evalsha(...)``, a script's ``sha``/``source`` looked up, or a
-``(name, keys, args)`` tuple whose name is a script's (a :data:`dtq.scripts.Call` built by
-hand).
+``.call_many(...)``, ``.call_many_wait(...)`` or ``.evalsha(...)``, a script's
+``sha``/``source`` looked up, or a ``(name, keys, args)`` tuple whose name is a script's (a
+:data:`dtq.scripts.Call` built by hand).
 ``dtq/scripts.py`` is the machinery these go through and is not a caller.
 """
 
@@ -17,7 +17,7 @@ from dtq.scripts import SCRIPT_NAMES
 SRC = Path(__file__).resolve().parents[2] / "src"
 CALLS = Path("dtq/calls.py")
 MACHINERY = Path("dtq/scripts.py")
-CALL_METHODS = {"call", "call_many", "evalsha", "evalsha_ro", "eval", "eval_ro"}
+CALL_METHODS = {"call", "call_many", "call_many_wait", "evalsha", "evalsha_ro", "eval", "eval_ro"}
 
 
 def script_calls(tree: ast.AST) -> list[str]:

@@ -119,11 +119,17 @@ def test_cluster_layout_puts_a_queue_and_its_tasks_in_one_slot(queue: str, prior
         keys.use_layout(False)
 
 
-def test_every_slot_has_a_task_id_prefix() -> None:
+def test_the_slot_tag_table_is_the_smallest_tag_of_every_slot() -> None:
+    """slot_tags.txt, derived again: each slot's smallest five-hex-digit string (every slot has
+    one)."""
     from binascii import crc_hqx
 
-    slots = {crc_hqx(f"{n:05x}".encode(), 0) % keys.SLOTS for n in range(16**keys.TAG_DIGITS)}
-    assert len(slots) == keys.SLOTS
+    smallest: dict[int, str] = {}
+    for n in range(16**keys.TAG_DIGITS):
+        tag = f"{n:05x}"
+        smallest.setdefault(crc_hqx(tag.encode(), 0) % keys.SLOTS, tag)
+    assert len(smallest) == keys.SLOTS
+    assert keys._slot_tags() == "".join(smallest[s] for s in range(keys.SLOTS))
 
 
 def test_slot_matches_redis_cluster() -> None:

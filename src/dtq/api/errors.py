@@ -64,6 +64,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "NOT_IN_DLQ": 404,
     "WORKER_NOT_FOUND": 404,
     "REDIS_UNAVAILABLE": 503,
+    "REPLICATION_TIMEOUT": 503,
     "CONFIG_ERROR": 500,
     # The API's own codes.
     "INVALID_REQUEST": 400,
@@ -260,7 +261,10 @@ _DESCRIPTIONS = {
     410: "The task is already terminal (TASK_TERMINAL)",
     413: "Request body or payload too large (PAYLOAD_TOO_LARGE)",
     429: "Queue full (QUEUE_FULL); see Retry-After",
-    503: "Redis unreachable (REDIS_UNAVAILABLE) or not ready (NOT_READY)",
+    503: (
+        "Redis unreachable (REDIS_UNAVAILABLE), not ready (NOT_READY), or a submit its "
+        "replicas did not confirm in time (REPLICATION_TIMEOUT; details.task_id names the task)"
+    ),
 }
 
 

@@ -15,7 +15,7 @@ from dtq.api.deps import ApiState, Limit, QueueFilter, State, StatusFilter, chec
 from dtq.api.errors import responses
 from dtq.client import Change
 from dtq.config import Settings
-from dtq.errors import DtqError, InvalidTaskError, TaskRunningError
+from dtq.errors import DtqError, InvalidTaskError, ReplicationTimeoutError, TaskRunningError
 from dtq.models import (
     IDEMPOTENCY_KEY_MAX,
     MAX_DELAY_S,
@@ -186,6 +186,8 @@ async def submit_task(
         task = await state.q.submit_fields(fields)
     except DtqError as exc:
         state.metrics.ingest_rejected(queue, exc.code)
+        if isinstance(exc, ReplicationTimeoutError) and isinstance(exc.task, Task):
+            _count_submitted(state, exc.task)  # the primary accepted it all the same
         raise
     _count_submitted(state, task)
     return JSONResponse(

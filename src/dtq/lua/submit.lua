@@ -22,7 +22,16 @@
 -- ARGV[7 + 15i .. 21 + 15i], for each task i: task_id, task_type, payload JSON, queue,
 --   its queue's index q, idempotency_key or "", max_attempts, priority, timeout_ms,
 --   metadata JSON, delay_ms, schedule_at_ms or "", ttl_ms or "", expires_at_ms or "", event_id
+-- ARGV[7 + 15n] "1" when the caller sends WAIT after this call (DTQ_SUBMIT_MIN_REPLICAS > 0),
+--   else "0"
 --
+-- A replay (the key's record exists: "dup", or IDEMPOTENCY_IN_PROGRESS) writes nothing of its
+-- own, and WAIT waits for the replication offset of its connection's last write (Redis 7 and
+-- Valkey; Redis 6.2 moves it at every command): it would prove nothing about a task another
+-- connection wrote. With ARGV[7 + 15n] = "1" a replay therefore writes the record again,
+-- unchanged (same value, TTL kept): a write later in the replication stream than every write
+-- of the task, so the WAIT that follows confirms the task itself (docs/delivery-guarantees.md,
+-- "Replicated submits"). With "0" a replay writes nothing, as before.
 -- Admission is exact: the queue's depth (XLEN of its ten streams) is read once per batch and then
 -- counted up with each entry this call adds; no other command runs meanwhile (one script).
 -- All tasks of a batch share one Redis TIME (created_at); their recent-index scores differ
@@ -46,7 +55,8 @@ local idem_ttl = ARGV[3]
 local channel = ARGV[4]
 local nq = tonumber(ARGV[6])
 local first_task_key = 4 + 10 * nq
-local n = (#ARGV - 6) / 15
+local n = (#ARGV - 7) / 15
+local replicated = ARGV[#ARGV] == '1'
 local registry = KEYS[first_task_key + 3 * n + nq]  -- nil in the cluster layout
 
 -- TIME once: `now` (epoch ms) for every timestamp of the batch; the recent index scores each
@@ -103,6 +113,7 @@ local function submit_one(a, k)
   if idem ~= '' then
     local rec = call('GET', kidem)
     if rec then
+      if replicated then call('SET', kidem, rec, 'KEEPTTL') end
       local r = cjson.decode(rec)
       if r.state == 'processing' then return {'err', 'IDEMPOTENCY_IN_PROGRESS', r.task_id} end
       return {'dup', r.state, r.task_id}
