@@ -7,6 +7,12 @@ call. Where hiredis is installed (dtq depends on ``redis[hiredis]``) :func:`use_
 makes a client's connections pack with it, as redis-py's sync client already does. The wire
 format is the same. Used by the SDK (:func:`dtq.client.connect`, so the API too) and the worker.
 
+With ``DTQ_REDIS_SENTINELS`` set, both factories return a client of the primary that the
+sentinels name (redis-py's Sentinel-managed pool): each new connection asks the sentinels
+where the primary is, and a connection to a primary that died or was demoted to a replica is
+dropped, so the next command reaches the one elected in its place (docs/operations.md,
+"Sentinel").
+
 A retried command may already have run, and dtq's scripts are not replay-safe (a submit or a
 start run twice). Every client dtq builds is given :func:`no_retry`, not left to redis-py's
 default (none for ``from_url``, ten for ``Redis(host=...)``); :class:`dtq.scripts.Scripts`
@@ -20,10 +26,18 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import redis as sync_redis
+import redis.sentinel as sync_sentinel
 from redis.asyncio import Redis
-from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.asyncio.connection import (
+    Connection,
+    SSLConnection,
+    UnixDomainSocketConnection,
+    parse_url,
+)
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection, SentinelManagedSSLConnection
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 if TYPE_CHECKING:
@@ -42,6 +56,54 @@ __all__ = [
 def no_retry() -> Retry:
     """The retry policy of every dtq client: a failed command is raised, never sent again."""
     return Retry(NoBackoff(), 0)
+
+
+# A write refused because the server is a replica. redis-py tells a plain command's READONLY
+# reply (ReadOnlyError) and its Sentinel connections drop the connection on it; inside a script,
+# Redis 6.2 wraps it in the script's error ("... @user_script: 1: -READONLY You can't write
+# against a read only replica."), which is told the same way here.
+_DEMOTED = "-READONLY "
+
+
+def _demoted(err: ResponseError) -> bool:
+    return _DEMOTED in str(err)
+
+
+class _SentinelConnection(SentinelManagedConnection):
+    """A connection to the Sentinel-managed primary that also drops itself when a script's
+    write was refused by a demoted primary, as redis-py does for a plain command."""
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except ResponseError as err:
+            if not _demoted(err):
+                raise
+            await self.disconnect()  # the next connect asks the sentinels again
+            raise RedisConnectionError("the primary was demoted to a replica") from err
+
+
+class _SentinelSslConnection(_SentinelConnection, SentinelManagedSSLConnection):
+    pass
+
+
+class _SyncSentinelConnection(sync_sentinel.SentinelManagedConnection):
+    """The blocking twin of :class:`_SentinelConnection` (the heartbeat thread's)."""
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().read_response(*args, **kwargs)
+        except ResponseError as err:
+            if not _demoted(err):
+                raise
+            self.disconnect()  # type: ignore[no-untyped-call]
+            raise RedisConnectionError("the primary was demoted to a replica") from err
+
+
+class _SyncSentinelSslConnection(
+    _SyncSentinelConnection, sync_sentinel.SentinelManagedSSLConnection
+):
+    pass
 
 
 try:
@@ -105,16 +167,24 @@ if HIREDIS_AVAILABLE:
     class _UnixConnection(_HiredisPacking, UnixDomainSocketConnection):
         pass
 
+    class _SentinelTcpConnection(_HiredisPacking, _SentinelConnection):
+        pass
+
+    class _SentinelTlsConnection(_HiredisPacking, _SentinelSslConnection):
+        pass
+
 
 def use_hiredis_packing(client: Redis) -> Redis:
     """Make ``client``'s new connections pack with hiredis (when installed); returns it.
 
     Call it before the client has opened a connection. The URL's scheme chose the connection
-    class; its kind (TCP, TLS, Unix socket) is kept.
+    class; its kind (TCP, TLS, Unix socket, Sentinel-managed over TCP or TLS) is kept.
     """
     if HIREDIS_AVAILABLE:
         pool = client.connection_pool
-        for base, fast in (
+        for base, fast in (  # subclasses before their bases
+            (_SentinelSslConnection, _SentinelTlsConnection),
+            (_SentinelConnection, _SentinelTcpConnection),
             (UnixDomainSocketConnection, _UnixConnection),
             (SSLConnection, _SslConnection),
             (Connection, _TcpConnection),
@@ -132,31 +202,105 @@ def async_client(
     health_check_interval: int = 30,
 ) -> Redis:
     """The asyncio client every dtq process uses for ``settings``' Redis (SDK, API, worker):
-    decoded strings, hiredis packing, a 5 s connect timeout, no retries.
+    decoded strings, hiredis packing, a 5 s connect timeout, no retries. With sentinels set,
+    a client of the primary they name.
 
     Raises ``ValueError`` for a URL redis-py cannot parse (the caller names the setting)."""
-    return use_hiredis_packing(
-        Redis.from_url(
-            settings.redis_url,
-            decode_responses=True,
-            socket_connect_timeout=5,
-            socket_timeout=socket_timeout,
-            health_check_interval=health_check_interval,
-            retry=no_retry(),
-        )
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_connect_timeout": 5,
+        "socket_timeout": socket_timeout,
+        "health_check_interval": health_check_interval,
+        "retry": no_retry(),
+    }
+    if not settings.redis_sentinels:
+        return use_hiredis_packing(Redis.from_url(settings.redis_url, **options))
+    primary, tls = _primary_options(settings.redis_url)
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        settings.sentinel_addresses,
+        sentinel_kwargs=_sentinel_options(settings, tls, retry=no_retry()),
     )
+    options["connection_class"] = _SentinelSslConnection if tls else _SentinelConnection
+    client = sentinel.master_for(
+        settings.redis_sentinel_master, redis_class=_SentinelRedis, **{**options, **primary}
+    )
+    client.sentinels = sentinel
+    return use_hiredis_packing(client)
+
+
+class _SentinelRedis(Redis):
+    """A client of the Sentinel-managed primary; closing it closes its sentinels' clients."""
+
+    sentinels: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        try:
+            await super().aclose(close_connection_pool)
+        finally:
+            if self.sentinels is not None:
+                await self.sentinels.aclose()
 
 
 def sync_client(settings: Settings, *, socket_timeout: float) -> sync_redis.Redis:
     """The blocking client of the worker's heartbeat thread (its own connection, so a busy
     event loop cannot starve it): decoded strings, redis-py's retries (its beat and touch
-    are safe to send again)."""
-    return sync_redis.Redis.from_url(
-        settings.redis_url,
-        decode_responses=True,
-        socket_connect_timeout=5,
-        socket_timeout=socket_timeout,
+    are safe to send again). With sentinels set, a client of the primary they name."""
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_connect_timeout": 5,
+        "socket_timeout": socket_timeout,
+    }
+    if not settings.redis_sentinels:
+        return sync_redis.Redis.from_url(settings.redis_url, **options)
+    primary, tls = _primary_options(settings.redis_url)
+    sentinel = sync_sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        settings.sentinel_addresses, sentinel_kwargs=_sentinel_options(settings, tls)
     )
+    options["connection_class"] = _SyncSentinelSslConnection if tls else _SyncSentinelConnection
+    client: _SyncSentinelRedis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        settings.redis_sentinel_master, redis_class=_SyncSentinelRedis, **{**options, **primary}
+    )
+    client.sentinels = sentinel
+    return client
+
+
+class _SyncSentinelRedis(sync_redis.Redis):
+    """The blocking twin of :class:`_SentinelRedis`."""
+
+    sentinels: sync_sentinel.Sentinel | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.sentinels is not None:
+                self.sentinels.close()
+
+
+def _primary_options(url: str) -> tuple[dict[str, Any], bool]:
+    """What ``DTQ_REDIS_URL`` says about the primary besides its address (the sentinels give
+    that): user, password, db, TLS options and any query options; and whether it is TLS
+    (``rediss://``). Raises ``ValueError`` for a URL redis-py cannot parse."""
+    options: dict[str, Any] = dict(parse_url(url))
+    options.pop("host", None)
+    options.pop("port", None)
+    tls = issubclass(options.pop("connection_class", Connection), SSLConnection)
+    return options, tls
+
+
+def _sentinel_options(settings: Settings, tls: bool, **extra: Any) -> dict[str, Any]:
+    """How the sentinels themselves are reached: ``DTQ_REDIS_SENTINEL_PASSWORD``, TLS (with
+    the URL's TLS options) when the primary's URL is ``rediss://``, bounded timeouts. A
+    sentinel that does not answer is skipped for the next one, so none is retried."""
+    options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 5, **extra}
+    if settings.redis_sentinel_password:
+        options["password"] = settings.redis_sentinel_password
+    if tls:
+        options["ssl"] = True
+        options.update(
+            {k: v for k, v in parse_url(settings.redis_url).items() if k.startswith("ssl_")}
+        )
+    return options
 
 
 async def warn_durability(redis: Redis, log: logging.Logger) -> None:
