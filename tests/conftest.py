@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from dtq import Queue, connect
 from dtq.config import Settings
+from dtq.devsentinel import DevSentinel, start_sentinel_group
 from dtq.devserver import SERVER_ENV, RedisServer, find_redis_server, start_redis
 from dtq.errors import ConfigError
 
@@ -38,6 +39,14 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def sentinel_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevSentinel]:
+    """A primary, its replica and three sentinels (dtq.devsentinel), started once per session
+    from DTQ_REDIS_SERVER's binary. A test that kills its primary starts a group of its own."""
+    with start_sentinel_group(Path(tmp_path_factory.mktemp("sentinel"))) as group:
+        yield group
 
 
 @pytest.fixture
