@@ -29,7 +29,7 @@ from dtq import Queue, connect
 from dtq.config import Settings
 from dtq.connection import sync_client
 from dtq.devsentinel import DevSentinel, start_sentinel_group
-from dtq.errors import DtqError, TaskNotFoundError
+from dtq.errors import DtqError, RedisUnavailableError, TaskNotFoundError
 from dtq.models import TERMINAL, TaskStatus
 from support.api import running_api
 from support.cli import Cli
@@ -158,6 +158,53 @@ def test_cli_names_the_sentinels_when_none_answers(tmp_path: Path) -> None:
     run = cli.fails(1, "list")
     assert f"primary 'nobody' via sentinels {where}" in run.err
     assert "sentinel-secret" not in run.err and "pw-in-url" not in run.err
+
+
+# -- a primary that was demoted to a replica ----------------------------------------------------
+
+
+@pytest.fixture
+def demoted(sentinel_group: DevSentinel, sentinel_settings: Settings) -> Iterator[Settings]:
+    """Settings whose primary is the group's replica, as a sentinel that has not yet seen a
+    failover names the demoted old primary: the sentinels also monitor the replica under a
+    name of its own (for the test's length: it never looks down to them)."""
+    replica = next(s for s in sentinel_group.servers if s.port != sentinel_group.primary.port)
+    for sentinel in sentinel_group.sentinels:
+        with sync_redis.Redis(port=sentinel.port) as client:
+            client.sentinel_monitor("demoted", "127.0.0.1", replica.port, 2)
+            client.sentinel_set("demoted", "down-after-milliseconds", 600_000)
+    try:
+        yield managed_settings(sentinel_group, redis_sentinel_master="demoted")
+    finally:
+        for sentinel in sentinel_group.sentinels:
+            with sync_redis.Redis(port=sentinel.port) as client:
+                client.sentinel_remove("demoted")
+
+
+async def test_a_write_refused_by_a_replica_drops_the_connection(demoted: Settings) -> None:
+    """Every kind of script call (one submit, a batch, a script that does not catch errors)
+    fails as Redis unavailable on a replica, and leaves no connection to it in the pool: the
+    next connection asks the sentinels again (redis-py reconnects only on a connection error)."""
+    q = await connect(settings=demoted)
+    try:
+        pool = q.redis.connection_pool
+        for write in (
+            lambda: q.submit("sn_echo", {}),
+            lambda: q.submit_many([{"task_type": "sn_echo", "payload": {}}] * 2),
+            lambda: q.pause_queue("default"),
+        ):
+            with pytest.raises(RedisUnavailableError):
+                await write()
+            assert not [c for c in pool._available_connections if c.is_connected]
+    finally:
+        await q.close()
+    client = sync_client(demoted, socket_timeout=2)  # the heartbeat thread's, its touch script
+    try:
+        with pytest.raises(sync_redis.ConnectionError):
+            client.eval("return redis.call('SET', KEYS[1], '1')", 1, "dtq-test:demoted")
+        assert not [c for c in client.connection_pool._available_connections if c._sock]
+    finally:
+        client.close()
 
 
 # -- a failover under steady submits -------------------------------------------------------------

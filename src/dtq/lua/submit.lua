@@ -199,7 +199,13 @@ for i = 0, n - 1 do
   if not ok then
     -- A failed redis.call raises a table {err = message}; a Lua error, a string.
     if type(reply) == 'table' then reply = reply.err end
-    reply = {'err', 'REDIS', tostring(reply)}
+    reply = tostring(reply)
+    -- A replica (a demoted primary) refuses every write: the whole call fails with its READONLY
+    -- (Redis 6.2 prefixes it with the script's position), so the client drops the connection
+    -- and asks the sentinels for the primary again (docs/operations.md, "Sentinel").
+    local readonly = string.find(reply, 'READONLY ', 1, true)
+    if readonly then return redis.error_reply(string.sub(reply, readonly)) end
+    reply = {'err', 'REDIS', reply}
   end
   out[i + 1] = reply
 end
