@@ -25,7 +25,7 @@ import redis as sync_redis
 from redis.asyncio.sentinel import SentinelManagedConnection
 from redis.sentinel import SentinelManagedConnection as SyncSentinelManagedConnection
 
-from dtq import Queue, connect
+from dtq import Queue, connect, keys
 from dtq.config import Settings
 from dtq.connection import sync_client
 from dtq.devsentinel import DevSentinel, start_sentinel_group
@@ -271,13 +271,17 @@ async def test_failover_under_steady_submit(
     try:
         overrides = {"submit_min_replicas": min_replicas} if min_replicas else {}
         settings = managed_settings(group, **overrides)
-        with worker_process(group, tmp_path, "sn-failover"):
+        with worker_process(group, tmp_path, "sn-failover") as worker:
             q = await connect(settings=settings)
             try:
                 await wait_worker_ready(q.redis, "sn-failover")
                 async with running_api(settings) as api:
                     outage = await _kill_under_load(group, q, api.client)
                 lost = await _drain(q, outage.accepted)
+                # The heartbeat thread's own client followed too: its beat is written again.
+                await q.redis.delete(keys.worker("sn-failover"))
+                await wait_worker_ready(q.redis, "sn-failover", timeout_s=10)
+                assert worker.process.poll() is None, "the worker must not have restarted"
             finally:
                 await q.close()
         assert outage.first_failed is not None, "no submit failed: the primary was not killed?"
