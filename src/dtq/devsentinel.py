@@ -19,6 +19,7 @@ production deployment (down-after-milliseconds of 1 s reacts to any pause of a l
 from __future__ import annotations
 
 import contextlib
+import secrets
 import signal
 import subprocess
 import time
@@ -41,35 +42,50 @@ DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 5000
 
 
-def _sentinel_conf(port: int, data_dir: Path, primary_port: int) -> str:
-    return "\n".join(
-        [
-            f"port {port}",
-            "bind 127.0.0.1",
-            "daemonize no",
-            f"dir {data_dir}",
-            f"logfile {data_dir / 'sentinel.log'}",
-            f"sentinel monitor {MASTER_NAME} 127.0.0.1 {primary_port} {QUORUM}",
-            f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}",
-            f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}",
-            f"sentinel parallel-syncs {MASTER_NAME} 1",
-            "",
-        ]
-    )
+@dataclass(frozen=True)
+class _Peer:
+    port: int
+    myid: str = field(default_factory=lambda: secrets.token_hex(20))
 
 
-def _start_sentinel(binary: str, data_dir: Path, primary_port: int) -> RedisServer:
+def _sentinel_conf(
+    me: _Peer, peers: list[_Peer], data_dir: Path, primary: int, replica: int
+) -> str:
+    """A sentinel's configuration. It is told its replica and its peers at once (a sentinel
+    would find them by itself, in a few seconds), so the group is ready as soon as it runs."""
+    lines = [
+        f"port {me.port}",
+        "bind 127.0.0.1",
+        "daemonize no",
+        f"dir {data_dir}",
+        f"logfile {data_dir / 'sentinel.log'}",
+        f"sentinel myid {me.myid}",
+        f"sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} {QUORUM}",
+        f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}",
+        f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}",
+        f"sentinel parallel-syncs {MASTER_NAME} 1",
+        f"sentinel known-replica {MASTER_NAME} 127.0.0.1 {replica}",
+    ]
+    lines += [
+        f"sentinel known-sentinel {MASTER_NAME} 127.0.0.1 {p.port} {p.myid}"
+        for p in peers
+        if p != me
+    ]
+    return "\n".join([*lines, ""])
+
+
+def _start_sentinel(binary: str, data_dir: Path, conf: str) -> RedisServer:
     """One sentinel; its configuration file is its own (a sentinel rewrites it)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    conf = data_dir / "sentinel.conf"
-    conf.write_text(_sentinel_conf(port, data_dir, primary_port))
+    path = data_dir / "sentinel.conf"
+    path.write_text(conf)
     proc = subprocess.Popen(  # noqa: S603
-        [binary, str(conf), "--sentinel"],
+        [binary, str(path), "--sentinel"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         start_new_session=True,  # like devserver's: stopped by PID, never by a terminal's ^C
     )
+    port = int(conf.split()[1])
     return RedisServer(proc, port, data_dir, data_dir / "sentinel.log")
 
 
@@ -222,14 +238,19 @@ def start_sentinel_group(
         replica = start_redis(base_dir / "replica", binary=binary)
         group.servers.append(replica)
         deadline = time.monotonic() + timeout_s
+        with group._client(primary) as client:  # Valkey 8 syncs diskless, after 5 s by default
+            client.config_set("repl-diskless-sync-delay", 0)
         with group._client(replica) as client:
             client.replicaof("127.0.0.1", primary.port)
             while client.info("replication").get("master_link_status") != "up":
                 if time.monotonic() > deadline:
                     raise ConfigError(f"the replica did not sync within {timeout_s}s")
                 time.sleep(0.05)
-        for i in range(3):
-            group.sentinels.append(_start_sentinel(binary, base_dir / f"sentinel{i}", primary.port))
+        peers = [_Peer(free_port()) for _ in range(3)]
+        for i, me in enumerate(peers):
+            folder = base_dir / f"sentinel{i}"
+            conf = _sentinel_conf(me, peers, folder, primary.port, replica.port)
+            group.sentinels.append(_start_sentinel(binary, folder, conf))
         for sentinel in group.sentinels:
             while not url_answers(sentinel.url, timeout_s=0.2):
                 if sentinel.process.poll() is not None or time.monotonic() > deadline:

@@ -282,6 +282,9 @@ async def test_failover_under_steady_submit(
                 await q.redis.delete(keys.worker("sn-failover"))
                 await wait_worker_ready(q.redis, "sn-failover", timeout_s=10)
                 assert worker.process.poll() is None, "the worker must not have restarted"
+                cli = Cli("redis://127.0.0.1:1/0", **group.environ())  # asks the sentinels anew
+                last = await asyncio.to_thread(cli.ok, "get", outage.accepted[-1], "--json")
+                assert last.json()["status"] == "succeeded"
             finally:
                 await q.close()
         assert outage.first_failed is not None, "no submit failed: the primary was not killed?"
