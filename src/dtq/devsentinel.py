@@ -74,7 +74,7 @@ def _sentinel_conf(
     return "\n".join([*lines, ""])
 
 
-def _start_sentinel(binary: str, data_dir: Path, conf: str) -> RedisServer:
+def _start_sentinel(binary: str, data_dir: Path, port: int, conf: str) -> RedisServer:
     """One sentinel; its configuration file is its own (a sentinel rewrites it)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / "sentinel.conf"
@@ -85,14 +85,14 @@ def _start_sentinel(binary: str, data_dir: Path, conf: str) -> RedisServer:
         stdout=subprocess.DEVNULL,
         start_new_session=True,  # like devserver's: stopped by PID, never by a terminal's ^C
     )
-    port = int(conf.split()[1])
     return RedisServer(proc, port, data_dir, data_dir / "sentinel.log")
 
 
 @dataclass
 class DevSentinel:
-    """A running group: :attr:`servers` (the primary first, then the replica) and
-    :attr:`sentinels`, all started by this program."""
+    """A running group, all started by this program: :attr:`servers`, the primary and its
+    replica (the living ones: :meth:`kill_primary` moves its victim to :attr:`killed`), and
+    :attr:`sentinels`."""
 
     base_dir: Path
     binary: str
@@ -250,7 +250,7 @@ def start_sentinel_group(
         for i, me in enumerate(peers):
             folder = base_dir / f"sentinel{i}"
             conf = _sentinel_conf(me, peers, folder, primary.port, replica.port)
-            group.sentinels.append(_start_sentinel(binary, folder, conf))
+            group.sentinels.append(_start_sentinel(binary, folder, me.port, conf))
         for sentinel in group.sentinels:
             while not url_answers(sentinel.url, timeout_s=0.2):
                 if sentinel.process.poll() is not None or time.monotonic() > deadline:
