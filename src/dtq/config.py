@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     # redis_url, whose host and port are then unused.
     redis_sentinels: str = ""
     redis_sentinel_master: str = ""
-    redis_sentinel_password: str = ""
+    redis_sentinel_password: Annotated[str, Field(repr=False)] = ""
     api_host: str = "0.0.0.0"  # noqa: S104 - the contract's default; containers listen on all
     api_port: Annotated[int, Field(ge=1, le=65535)] = 8000
     ws_path: str = "/ws/events"

@@ -353,3 +353,4 @@ def test_describe_redis_names_the_primary_without_secrets() -> None:
     shown = describe_redis(managed)
     assert shown == "primary 'mymaster' via sentinels s1:26379,s2:26380"
     assert "s3cret" not in shown and "sentinel-pw" not in shown
+    assert "sentinel-pw" not in repr(managed)  # a failing test prints the settings
