@@ -29,6 +29,7 @@ from dtq import Queue, connect, keys
 from dtq.config import Settings
 from dtq.connection import sync_client
 from dtq.devsentinel import DevSentinel, start_sentinel_group
+from dtq.devserver import free_port
 from dtq.errors import DtqError, RedisUnavailableError, TaskNotFoundError
 from dtq.models import TERMINAL, TaskStatus
 from support.api import running_api
@@ -104,7 +105,7 @@ async def test_sdk_finds_the_primary_through_the_sentinels(
     assert (await managed.get(task.task_id)).status == TaskStatus.QUEUED
     direct = sync_redis.Redis.from_url(sentinel_group.primary_url(), decode_responses=True)
     try:  # written on the primary the sentinels name, not on the URL's (unused) address
-        assert direct.exists(f"dtq:task:{task.task_id}") == 1
+        assert direct.exists(keys.task(task.task_id)) == 1
     finally:
         direct.close()
 
@@ -146,8 +147,6 @@ def test_cli_through_the_sentinels(
 
 
 def test_cli_names_the_sentinels_when_none_answers(tmp_path: Path) -> None:
-    from dtq.devserver import free_port
-
     where = f"127.0.0.1:{free_port()}"
     cli = Cli(
         "redis://:pw-in-url@127.0.0.1:1/0",
