@@ -44,8 +44,10 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def sentinel_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevSentinel]:
     """A primary, its replica and three sentinels (dtq.devsentinel), started once per session
-    from DTQ_REDIS_SERVER's binary. A test that kills its primary starts a group of its own."""
-    with start_sentinel_group(Path(tmp_path_factory.mktemp("sentinel"))) as group:
+    from DTQ_REDIS_SERVER's binary, slow to fail over (a loaded machine's pause must not move
+    its primary). A test that kills its primary starts a group of its own."""
+    base = Path(tmp_path_factory.mktemp("sentinel"))
+    with start_sentinel_group(base, down_after_ms=10_000) as group:
         yield group
 
 

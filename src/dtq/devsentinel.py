@@ -49,7 +49,7 @@ class _Peer:
 
 
 def _sentinel_conf(
-    me: _Peer, peers: list[_Peer], data_dir: Path, primary: int, replica: int
+    me: _Peer, peers: list[_Peer], data_dir: Path, primary: int, replica: int, down_after_ms: int
 ) -> str:
     """A sentinel's configuration. It is told its replica and its peers at once (a sentinel
     would find them by itself, in a few seconds), so the group is ready as soon as it runs."""
@@ -61,7 +61,7 @@ def _sentinel_conf(
         f"logfile {data_dir / 'sentinel.log'}",
         f"sentinel myid {me.myid}",
         f"sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} {QUORUM}",
-        f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}",
+        f"sentinel down-after-milliseconds {MASTER_NAME} {down_after_ms}",
         f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}",
         f"sentinel parallel-syncs {MASTER_NAME} 1",
         f"sentinel known-replica {MASTER_NAME} 127.0.0.1 {replica}",
@@ -225,11 +225,17 @@ class DevSentinel:
 
 
 def start_sentinel_group(
-    base_dir: Path, *, binary: str | None = None, timeout_s: float = 30
+    base_dir: Path,
+    *,
+    binary: str | None = None,
+    down_after_ms: int = DOWN_AFTER_MS,
+    timeout_s: float = 30,
 ) -> DevSentinel:
     """Start a primary, a replica of it (REPLICAOF) and three sentinels monitoring it, and
     wait until the replica is in sync and the sentinels know it and each other. ``binary``
-    defaults to :func:`dtq.devserver.find_redis_server`'s choice."""
+    defaults to :func:`dtq.devserver.find_redis_server`'s choice; ``down_after_ms`` is how
+    long the primary must not answer before the sentinels fail it over (longer for a group
+    that should not fail over on a busy machine's pause)."""
     binary = binary or find_redis_server()
     group = DevSentinel(base_dir, binary, [])
     try:
@@ -249,7 +255,7 @@ def start_sentinel_group(
         peers = [_Peer(free_port()) for _ in range(3)]
         for i, me in enumerate(peers):
             folder = base_dir / f"sentinel{i}"
-            conf = _sentinel_conf(me, peers, folder, primary.port, replica.port)
+            conf = _sentinel_conf(me, peers, folder, primary.port, replica.port, down_after_ms)
             group.sentinels.append(_start_sentinel(binary, folder, me.port, conf))
         for sentinel in group.sentinels:
             while not url_answers(sentinel.url, timeout_s=0.2):
