@@ -22,6 +22,7 @@ never re-sends a script call, whatever client it is handed.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,12 @@ from redis.asyncio.connection import (
     parse_url,
 )
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection, SentinelManagedSSLConnection
+from redis.asyncio.sentinel import (
+    MasterNotFoundError,
+    Sentinel,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -216,7 +222,7 @@ def async_client(
     if not settings.redis_sentinels:
         return use_hiredis_packing(Redis.from_url(settings.redis_url, **options))
     primary, tls = _primary_options(settings.redis_url)
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = _Sentinels(  # type: ignore[no-untyped-call]
         settings.sentinel_addresses,
         sentinel_kwargs=_sentinel_options(settings, tls, retry=no_retry()),
     )
@@ -226,6 +232,38 @@ def async_client(
     )
     client.sentinels = sentinel
     return use_hiredis_packing(client)
+
+
+# redis-py's "No master found" names every sentinel by its client's repr (a few hundred
+# characters each), then " - " and what it answered: only the answers are kept.
+_SENTINEL_ANSWER = re.compile(r" - ([^,]+)")
+
+
+def _no_primary(exc: RedisConnectionError, name: str) -> RedisConnectionError:
+    """``exc`` (asyncio's or the blocking MasterNotFoundError) as one short line."""
+    answers = ", ".join(_SENTINEL_ANSWER.findall(str(exc)))
+    why = f" (sentinels answered: {answers})" if answers else ""
+    return type(exc)(f"no sentinel names a primary {name!r} that is up{why}")
+
+
+class _Sentinels(Sentinel):
+    """redis-py's Sentinel manager with a one-line "no primary" error."""
+
+    async def discover_master(self, service_name: str) -> Any:
+        try:
+            return await super().discover_master(service_name)
+        except MasterNotFoundError as exc:
+            raise _no_primary(exc, service_name) from None
+
+
+class _SyncSentinels(sync_sentinel.Sentinel):
+    """The blocking twin of :class:`_Sentinels`."""
+
+    def discover_master(self, service_name: str) -> Any:
+        try:
+            return super().discover_master(service_name)  # type: ignore[no-untyped-call]
+        except sync_sentinel.MasterNotFoundError as exc:
+            raise _no_primary(exc, service_name) from None
 
 
 class _SentinelRedis(Redis):
@@ -253,7 +291,7 @@ def sync_client(settings: Settings, *, socket_timeout: float) -> sync_redis.Redi
     if not settings.redis_sentinels:
         return sync_redis.Redis.from_url(settings.redis_url, **options)
     primary, tls = _primary_options(settings.redis_url)
-    sentinel = sync_sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = _SyncSentinels(  # type: ignore[no-untyped-call]
         settings.sentinel_addresses, sentinel_kwargs=_sentinel_options(settings, tls)
     )
     options["connection_class"] = _SyncSentinelSslConnection if tls else _SyncSentinelConnection

@@ -31,7 +31,7 @@ from typing import Any, Self, cast
 
 import redis
 
-from dtq.devserver import RedisServer, find_redis_server, free_port, start_redis, url_answers
+from dtq.devserver import RedisServer, find_redis_server, free_port, start_redis
 from dtq.errors import ConfigError
 
 __all__ = ["MASTER_NAME", "DevSentinel", "start_sentinel_group"]
@@ -49,10 +49,18 @@ class _Peer:
 
 
 def _sentinel_conf(
-    me: _Peer, peers: list[_Peer], data_dir: Path, primary: int, replica: int, down_after_ms: int
+    me: _Peer,
+    peers: list[_Peer],
+    data_dir: Path,
+    ports: tuple[int, int],
+    down_after_ms: int,
+    passwords: tuple[str | None, str | None],
 ) -> str:
     """A sentinel's configuration. It is told its replica and its peers at once (a sentinel
-    would find them by itself, in a few seconds), so the group is ready as soon as it runs."""
+    would find them by itself, in a few seconds), so the group is ready as soon as it runs.
+    ``ports``: the primary's and the replica's; ``passwords``: theirs and the sentinels'."""
+    primary, replica = ports
+    password, sentinel_password = passwords
     lines = [
         f"port {me.port}",
         "bind 127.0.0.1",
@@ -66,6 +74,10 @@ def _sentinel_conf(
         f"sentinel parallel-syncs {MASTER_NAME} 1",
         f"sentinel known-replica {MASTER_NAME} 127.0.0.1 {replica}",
     ]
+    if password:
+        lines.append(f"sentinel auth-pass {MASTER_NAME} {password}")
+    if sentinel_password:  # asked of clients and of the peers (they send it to each other)
+        lines += [f"requirepass {sentinel_password}", f"sentinel sentinel-pass {sentinel_password}"]
     lines += [
         f"sentinel known-sentinel {MASTER_NAME} 127.0.0.1 {p.port} {p.myid}"
         for p in peers
@@ -100,6 +112,8 @@ class DevSentinel:
     sentinels: list[RedisServer] = field(default_factory=list)
     master_name: str = MASTER_NAME
     killed: list[RedisServer] = field(default_factory=list)
+    password: str | None = field(default=None, repr=False)
+    sentinel_password: str | None = field(default=None, repr=False)
 
     @property
     def sentinel_addresses(self) -> str:
@@ -108,10 +122,13 @@ class DevSentinel:
 
     def settings_fields(self) -> dict[str, Any]:
         """The settings that point dtq at this group (``Settings(**fields)``)."""
+        auth = f":{self.password}@" if self.password else ""
         return {
-            "redis_url": "redis://127.0.0.1:1/0",  # host and port unused: the sentinels name them
+            # host and port unused (the sentinels name them); the password is the primary's
+            "redis_url": f"redis://{auth}127.0.0.1:1/0",
             "redis_sentinels": self.sentinel_addresses,
             "redis_sentinel_master": self.master_name,
+            "redis_sentinel_password": self.sentinel_password or "",
         }
 
     def environ(self) -> dict[str, str]:
@@ -136,7 +153,8 @@ class DevSentinel:
 
     def primary_url(self) -> str:
         """A direct URL of the current primary (to inspect or flush it)."""
-        return self.primary.url
+        auth = f":{self.password}@" if self.password else ""
+        return self.primary.url.replace("redis://", f"redis://{auth}", 1)
 
     def kill_primary(self) -> RedisServer:
         """SIGKILL the current primary (no shutdown, no save); returns it."""
@@ -185,11 +203,15 @@ class DevSentinel:
     ) -> None:
         self.stop()
 
-    @staticmethod
     @contextlib.contextmanager
-    def _client(server: RedisServer) -> Iterator[redis.Redis]:
+    def _client(self, server: RedisServer) -> Iterator[redis.Redis]:
+        password = self.sentinel_password if server in self.sentinels else self.password
         client = redis.Redis(
-            port=server.port, decode_responses=True, socket_timeout=1, socket_connect_timeout=1
+            port=server.port,
+            password=password,
+            decode_responses=True,
+            socket_timeout=1,
+            socket_connect_timeout=1,
         )
         try:
             yield client
@@ -229,23 +251,33 @@ def start_sentinel_group(
     *,
     binary: str | None = None,
     down_after_ms: int = DOWN_AFTER_MS,
+    password: str | None = None,
+    sentinel_password: str | None = None,
     timeout_s: float = 30,
 ) -> DevSentinel:
     """Start a primary, a replica of it (REPLICAOF) and three sentinels monitoring it, and
     wait until the replica is in sync and the sentinels know it and each other. ``binary``
     defaults to :func:`dtq.devserver.find_redis_server`'s choice; ``down_after_ms`` is how
     long the primary must not answer before the sentinels fail it over (longer for a group
-    that should not fail over on a busy machine's pause)."""
+    that should not fail over on a busy machine's pause). ``password``: the primary's and the
+    replica's ``requirepass`` (and the replica's ``masterauth``); ``sentinel_password``: the
+    sentinels' own."""
     binary = binary or find_redis_server()
-    group = DevSentinel(base_dir, binary, [])
+    group = DevSentinel(
+        base_dir, binary, [], password=password, sentinel_password=sentinel_password
+    )
     try:
         primary = start_redis(base_dir / "primary", binary=binary)
         group.servers.append(primary)
         replica = start_redis(base_dir / "replica", binary=binary)
         group.servers.append(replica)
         deadline = time.monotonic() + timeout_s
-        with group._client(primary) as client:  # Valkey 8 syncs diskless, after 5 s by default
-            client.config_set("repl-diskless-sync-delay", 0)
+        for server in (primary, replica):
+            with contextlib.closing(redis.Redis(port=server.port)) as client:
+                client.config_set("repl-diskless-sync-delay", 0)  # Valkey 8: 5 s by default
+                if password:  # the replica is the primary after a failover: both alike
+                    client.config_set("masterauth", password)
+                    client.config_set("requirepass", password)
         with group._client(replica) as client:
             client.replicaof("127.0.0.1", primary.port)
             while client.info("replication").get("master_link_status") != "up":
@@ -255,20 +287,24 @@ def start_sentinel_group(
         peers = [_Peer(free_port()) for _ in range(3)]
         for i, me in enumerate(peers):
             folder = base_dir / f"sentinel{i}"
-            conf = _sentinel_conf(me, peers, folder, primary.port, replica.port, down_after_ms)
+            conf = _sentinel_conf(
+                me,
+                peers,
+                folder,
+                (primary.port, replica.port),
+                down_after_ms,
+                (password, sentinel_password),
+            )
             group.sentinels.append(_start_sentinel(binary, folder, me.port, conf))
-        for sentinel in group.sentinels:
-            while not url_answers(sentinel.url, timeout_s=0.2):
-                if sentinel.process.poll() is not None or time.monotonic() > deadline:
-                    raise ConfigError(f"a sentinel did not start: {group._sentinel_logs()}")
-                time.sleep(0.05)
         while not group._ready():
+            if any(s.process.poll() is not None for s in group.sentinels):
+                raise ConfigError(f"a sentinel exited at start: {group._sentinel_logs()}")
             if time.monotonic() > deadline:
                 raise ConfigError(
                     f"the sentinels did not find each other within {timeout_s}s: "
                     f"{group._sentinel_logs()}"
                 )
-            time.sleep(0.1)
+            time.sleep(0.05)
     except BaseException:
         group.stop()
         raise

@@ -159,6 +159,37 @@ def test_cli_names_the_sentinels_when_none_answers(tmp_path: Path) -> None:
     assert "sentinel-secret" not in run.err and "pw-in-url" not in run.err
 
 
+async def test_passwords_of_the_primary_and_of_the_sentinels(tmp_path: Path) -> None:
+    """The primary's password comes from DTQ_REDIS_URL, the sentinels' from
+    DTQ_REDIS_SENTINEL_PASSWORD; without the latter no primary is found, in one short line."""
+    group = await asyncio.to_thread(
+        start_sentinel_group, tmp_path, password="primary-pw", sentinel_password="sentinel-pw"
+    )
+    try:
+        settings = managed_settings(group)
+        assert settings.redis_url.startswith("redis://:primary-pw@")
+        q = await connect(settings=settings)
+        try:
+            task = await q.submit("sn_echo", {})
+            assert (await q.get(task.task_id)).status == TaskStatus.QUEUED
+        finally:
+            await q.close()
+        client = sync_client(settings, socket_timeout=2)
+        try:
+            assert client.ping()
+        finally:
+            client.close()
+        with pytest.raises(RedisUnavailableError) as exc:
+            await connect(settings=managed_settings(group, redis_sentinel_password=""))
+        message = str(exc.value)
+        assert (
+            "no sentinel names a primary 'dtq-primary'" in message and "Authentication" in message
+        )
+        assert len(message) < 400 and "\n" not in message
+    finally:
+        await asyncio.to_thread(group.stop)
+
+
 # -- a primary that was demoted to a replica ----------------------------------------------------
 
 
