@@ -6,8 +6,9 @@ instead (it will be flushed)."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -26,6 +27,28 @@ def pytest_report_header() -> str:
     except ConfigError as exc:
         binary = f"none ({exc})"
     return f"server: {SERVER_ENV}={os.environ.get(SERVER_ENV, '') or 'auto'}: {binary}"
+
+
+FIGURES = pytest.StashKey[list[str]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[FIGURES] = []
+
+
+@pytest.fixture
+def report_figure(pytestconfig: pytest.Config) -> Callable[[str], None]:
+    """``report_figure(line)``: a measured figure (an outage, a count), printed in the run's
+    terminal summary whether or not the test passes."""
+    return pytestconfig.stash[FIGURES].append
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    lines = config.stash.get(FIGURES, [])
+    if lines:
+        terminalreporter.section("figures")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

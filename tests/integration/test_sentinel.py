@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -291,7 +291,7 @@ class Producer:
 @pytest.mark.slow
 @pytest.mark.parametrize("min_replicas", [0])
 async def test_failover_under_steady_submit(
-    tmp_path: Path, min_replicas: int, record_property: Any
+    tmp_path: Path, min_replicas: int, report_figure: Callable[[str], None]
 ) -> None:
     """SIGKILL the primary while the API and the SDK submit: submits fail for the outage and
     then succeed again on the promoted replica, without restarting the worker, the API or the
@@ -320,11 +320,9 @@ async def test_failover_under_steady_submit(
         assert outage.first_failed is not None, "no submit failed: the primary was not killed?"
         assert outage.recovered is not None, "no submit succeeded after the failover"
         outage_s = outage.recovered - outage.first_failed
-        record_property("outage_s", round(outage_s, 2))
-        record_property("accepted", len(outage.accepted))
-        record_property("lost_by_replication", len(lost))
-        print(  # the figures this test reports (pytest -s, or -rA)
-            f"sentinel failover ({group.binary}): outage {outage_s:.2f}s, "
+        report_figure(
+            f"sentinel failover ({Path(group.binary).name}, min_replicas={min_replicas}): "
+            f"outage {outage_s:.2f} s (first failed to first successful submit), "
             f"{outage.failures} failed submits, {len(outage.accepted)} accepted, "
             f"{len(lost)} lost by asynchronous replication"
         )
