@@ -37,6 +37,8 @@
 --         {"new", status, entry_id or "", now_ms, due_ms, expires_at_ms or ""}
 --       | {"dup", state, task_id}
 --       | {"err", code, detail}   (code "REDIS": a Redis error, detail its message)
+-- except on a replica (a demoted primary), which refuses every write: then the whole call fails
+-- with its READONLY error.
 local call = redis.call
 local max_depth = tonumber(ARGV[1])
 local retention = tonumber(ARGV[2])
