@@ -7,8 +7,9 @@ Cluster instead (dtq.devcluster), started once per session, flushed per test."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -16,6 +17,7 @@ from redis.asyncio import Redis
 from dtq import Queue, connect
 from dtq.config import Settings
 from dtq.devcluster import DevCluster, start_cluster
+from dtq.devsentinel import DevSentinel, start_sentinel_group
 from dtq.devserver import SERVER_ENV, RedisServer, find_redis_server, start_redis
 from dtq.errors import ConfigError
 
@@ -29,6 +31,28 @@ def pytest_report_header() -> str:
     return f"server: {SERVER_ENV}={os.environ.get(SERVER_ENV, '') or 'auto'}: {binary}"
 
 
+FIGURES = pytest.StashKey[list[str]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[FIGURES] = []
+
+
+@pytest.fixture
+def report_figure(pytestconfig: pytest.Config) -> Callable[[str], None]:
+    """``report_figure(line)``: a measured figure (an outage, a count), printed in the run's
+    terminal summary whether or not the test passes."""
+    return pytestconfig.stash[FIGURES].append
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    lines = config.stash.get(FIGURES, [])
+    if lines:
+        terminalreporter.section("figures")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = os.environ.get("DTQ_TEST_REDIS_URL")
@@ -40,6 +64,16 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def sentinel_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevSentinel]:
+    """A primary, its replica and three sentinels (dtq.devsentinel), started once per session
+    from DTQ_REDIS_SERVER's binary, slow to fail over (a loaded machine's pause must not move
+    its primary). A test that kills its primary starts a group of its own."""
+    base = Path(tmp_path_factory.mktemp("sentinel"))
+    with start_sentinel_group(base, down_after_ms=10_000) as group:
+        yield group
 
 
 @pytest.fixture

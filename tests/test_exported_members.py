@@ -22,6 +22,7 @@ MODULES = [
     "dtq.clock",
     "dtq.config",
     "dtq.devcluster",
+    "dtq.devsentinel",
     "dtq.devserver",
     "dtq.errors",
     "dtq.events",
@@ -30,6 +31,7 @@ MODULES = [
     "dtq.models",
     "dtq.retry",
     "dtq.scripts",
+    "dtq.sentinel",
     "dtq.store",
     "dtq.records",
 ]

@@ -37,7 +37,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dtq import admin
 from dtq.calls import Audit
 from dtq.clock import redis_time_ms
-from dtq.config import Settings, load_settings, redact_url
+from dtq.config import Settings, describe_redis, load_settings, redact_url
 from dtq.connection import async_client
 from dtq.errors import ConfigError, DtqError, InvalidTaskError, RedisUnavailableError
 from dtq.keys import CONSUMER_GROUP, queue_streams
@@ -84,9 +84,9 @@ def _redis_errors(
             return await fn(*args, **kwargs)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             q = args[0]
-            url = q.settings.redis_url if isinstance(q, Queue) else "?"
+            where = describe_redis(q.settings) if isinstance(q, Queue) else "?"
             raise RedisUnavailableError(
-                f"Redis at {redact_url(url)} is unreachable: {exc}", url=redact_url(url)
+                f"Redis at {where} is unreachable: {exc}", url=where
             ) from None
 
     return wrapper
@@ -410,10 +410,8 @@ async def connect(
         await redis.ping()
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         await redis.aclose()
-        raise RedisUnavailableError(
-            f"Redis at {redact_url(settings.redis_url)} is unreachable: {exc}",
-            url=redact_url(settings.redis_url),
-        ) from None
+        where = describe_redis(settings)
+        raise RedisUnavailableError(f"Redis at {where} is unreachable: {exc}", url=where) from None
     return queue
 
 

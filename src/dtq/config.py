@@ -25,7 +25,9 @@ __all__ = [
     "MAX_TIMEOUT_MS",
     "WORKER_ID_RE",
     "Settings",
+    "describe_redis",
     "load_settings",
+    "parse_sentinels",
     "redact_url",
     "unknown_variables",
 ]
@@ -55,6 +57,12 @@ class Settings(BaseSettings):
     # A Redis Cluster: DTQ_REDIS_URL names any of its nodes, and keys take the cluster layout
     # (dtq.keys; docs/redis-schema.md, "The cluster layout").
     redis_cluster: bool = False
+    # A Sentinel-managed primary (docs/operations.md, "Sentinel"): the sentinels to ask and
+    # the name they monitor it by. The primary's password, db and TLS still come from
+    # redis_url, whose host and port are then unused.
+    redis_sentinels: str = ""
+    redis_sentinel_master: str = ""
+    redis_sentinel_password: Annotated[str, Field(repr=False)] = ""
     api_host: str = "0.0.0.0"  # noqa: S104 - the contract's default; containers listen on all
     api_port: Annotated[int, Field(ge=1, le=65535)] = 8000
     ws_path: str = "/ws/events"
@@ -103,6 +111,12 @@ class Settings(BaseSettings):
             raise ValueError("must start with redis://, rediss:// or unix://")
         return value
 
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels(cls, value: str) -> str:
+        parse_sentinels(value)
+        return value
+
     @field_validator("ws_path")
     @classmethod
     def _ws_path(cls, value: str) -> str:
@@ -127,6 +141,31 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _cross_field(self) -> Self:
+        if self.redis_sentinels and not self.redis_sentinel_master:
+            raise ValueError(
+                "DTQ_REDIS_SENTINEL_MASTER (the name the sentinels monitor the primary by) "
+                "is required when DTQ_REDIS_SENTINELS is set"
+            )
+        if self.redis_sentinel_master and not self.redis_sentinels:
+            raise ValueError(
+                "DTQ_REDIS_SENTINEL_MASTER is set but DTQ_REDIS_SENTINELS is empty: "
+                "name the sentinels as host:port,host:port"
+            )
+        if self.redis_cluster and self.redis_sentinels:
+            raise ValueError(
+                "DTQ_REDIS_CLUSTER and DTQ_REDIS_SENTINELS exclude each other: a cluster fails "
+                "over on its own (its replicas), a Sentinel group watches one primary"
+            )
+        if self.redis_cluster and self.redis_url.startswith("unix://"):
+            raise ValueError(
+                "DTQ_REDIS_URL must be redis:// or rediss:// with DTQ_REDIS_CLUSTER (a cluster's "
+                "nodes are found by host and port)"
+            )
+        if self.redis_sentinels and self.redis_url.startswith("unix://"):
+            raise ValueError(
+                "DTQ_REDIS_URL must be redis:// or rediss:// when DTQ_REDIS_SENTINELS is set "
+                "(the sentinels name the primary by host and port)"
+            )
         if self.heartbeat_interval_s >= self.visibility_timeout_s:
             raise ValueError(
                 "DTQ_HEARTBEAT_INTERVAL_S must be below DTQ_VISIBILITY_TIMEOUT_S "
@@ -142,6 +181,40 @@ class Settings(BaseSettings):
     @property
     def task_module_list(self) -> list[str]:
         return [m.strip() for m in self.task_modules.split(",") if m.strip()]
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """``DTQ_REDIS_SENTINELS`` as (host, port) pairs; empty without Sentinel."""
+        return parse_sentinels(self.redis_sentinels)
+
+
+def parse_sentinels(value: str) -> list[tuple[str, int]]:
+    """``"host:port,host:port"`` as (host, port) pairs (an IPv6 host in brackets:
+    ``[::1]:26379``); an empty text is no sentinels. ValueError names the bad item."""
+    out: list[tuple[str, int]] = []
+    for raw in value.split(","):
+        item = raw.strip()
+        if not item and not value.strip():
+            continue
+        host, sep, port = item.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(
+                f"{item!r} is not host:port (comma-separated, port 1..65535, "
+                "an IPv6 host in brackets)"
+            )
+        out.append((host, int(port)))
+    return out
+
+
+def describe_redis(settings: Settings) -> str:
+    """Where ``settings`` point, fit for logs and messages (no credentials): the redacted URL,
+    or the primary's name and its sentinels."""
+    if settings.redis_sentinels:
+        sentinels = ",".join(f"{h}:{p}" for h, p in settings.sentinel_addresses)
+        return f"primary {settings.redis_sentinel_master!r} via sentinels {sentinels}"
+    return redact_url(settings.redis_url)
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -7,6 +7,9 @@ call. Where hiredis is installed (dtq depends on ``redis[hiredis]``) :func:`use_
 makes a client's connections pack with it, as redis-py's sync client already does. The wire
 format is the same. Used by the SDK (:func:`dtq.client.connect`, so the API too) and the worker.
 
+With ``DTQ_REDIS_SENTINELS`` set, both factories return a client of the primary that the
+sentinels name (:mod:`dtq.sentinel`), with the same options.
+
 A retried command may already have run, and dtq's scripts are not replay-safe (a submit or a
 start run twice). Every client dtq builds is given :func:`no_retry`, not left to redis-py's
 default (none for ``from_url``, ten for ``Redis(host=...)``); :class:`dtq.scripts.Scripts`
@@ -27,6 +30,12 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 
 from dtq import keys
+from dtq.sentinel import (
+    SentinelConnection,
+    SentinelSslConnection,
+    primary_client,
+    primary_sync_client,
+)
 
 if TYPE_CHECKING:
     from dtq.config import Settings
@@ -107,16 +116,24 @@ if HIREDIS_AVAILABLE:
     class _UnixConnection(_HiredisPacking, UnixDomainSocketConnection):
         pass
 
+    class _SentinelTcpConnection(_HiredisPacking, SentinelConnection):
+        pass
+
+    class _SentinelTlsConnection(_HiredisPacking, SentinelSslConnection):
+        pass
+
 
 def use_hiredis_packing(client: Redis) -> Redis:
     """Make ``client``'s new connections pack with hiredis (when installed); returns it.
 
     Call it before the client has opened a connection. The URL's scheme chose the connection
-    class; its kind (TCP, TLS, Unix socket) is kept.
+    class; its kind (TCP, TLS, Unix socket, Sentinel-managed over TCP or TLS) is kept.
     """
     if HIREDIS_AVAILABLE:
         pool = client.connection_pool
-        for base, fast in (
+        for base, fast in (  # subclasses before their bases
+            (SentinelSslConnection, _SentinelTlsConnection),
+            (SentinelConnection, _SentinelTcpConnection),
             (UnixDomainSocketConnection, _UnixConnection),
             (SSLConnection, _SslConnection),
             (Connection, _TcpConnection),
@@ -134,7 +151,8 @@ def async_client(
     health_check_interval: int = 30,
 ) -> Redis:
     """The asyncio client every dtq process uses for ``settings``' Redis (SDK, API, worker):
-    decoded strings, hiredis packing, a 5 s connect timeout, no retries.
+    decoded strings, hiredis packing, a 5 s connect timeout, no retries. With sentinels set,
+    a client of the primary they name.
 
     With ``DTQ_REDIS_CLUSTER`` it is a :class:`redis.asyncio.RedisCluster` (typed as the
     :class:`Redis` whose commands it shares): its commands go to their slot's node, it follows
@@ -143,48 +161,37 @@ def async_client(
 
     Raises ``ValueError`` for a URL redis-py cannot parse (the caller names the setting)."""
     keys.use_layout(settings.redis_cluster)
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_connect_timeout": 5,
+        "socket_timeout": socket_timeout,
+        "health_check_interval": health_check_interval,
+        "retry": no_retry(),
+    }
     if settings.redis_cluster:
-        cluster = RedisCluster.from_url(
-            settings.redis_url,
-            decode_responses=True,
-            socket_connect_timeout=5,
-            socket_timeout=socket_timeout,
-            health_check_interval=health_check_interval,
-            retry=no_retry(),
-        )
-        return cast(Redis, cluster)
-    return use_hiredis_packing(
-        Redis.from_url(
-            settings.redis_url,
-            decode_responses=True,
-            socket_connect_timeout=5,
-            socket_timeout=socket_timeout,
-            health_check_interval=health_check_interval,
-            retry=no_retry(),
-        )
-    )
+        return cast(Redis, RedisCluster.from_url(settings.redis_url, **options))
+    if settings.redis_sentinels:
+        return use_hiredis_packing(primary_client(settings, options))
+    return use_hiredis_packing(Redis.from_url(settings.redis_url, **options))
 
 
 def sync_client(settings: Settings, *, socket_timeout: float) -> sync_redis.Redis:
     """The blocking client of the worker's heartbeat thread (its own connection, so a busy
     event loop cannot starve it): decoded strings, redis-py's retries (its beat and touch
-    are safe to send again). A :class:`redis.RedisCluster` with ``DTQ_REDIS_CLUSTER``."""
+    are safe to send again). With sentinels set, a client of the primary they name; a
+    :class:`redis.RedisCluster` with ``DTQ_REDIS_CLUSTER``."""
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_connect_timeout": 5,
+        "socket_timeout": socket_timeout,
+    }
     if settings.redis_cluster:
         return cast(
-            sync_redis.Redis,
-            sync_redis.RedisCluster.from_url(
-                settings.redis_url,
-                decode_responses=True,
-                socket_connect_timeout=5,
-                socket_timeout=socket_timeout,
-            ),
+            sync_redis.Redis, sync_redis.RedisCluster.from_url(settings.redis_url, **options)
         )
-    return sync_redis.Redis.from_url(
-        settings.redis_url,
-        decode_responses=True,
-        socket_connect_timeout=5,
-        socket_timeout=socket_timeout,
-    )
+    if settings.redis_sentinels:
+        return primary_sync_client(settings, options)
+    return sync_redis.Redis.from_url(settings.redis_url, **options)
 
 
 async def warn_durability(redis: Redis, log: logging.Logger) -> None:

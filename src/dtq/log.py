@@ -113,7 +113,7 @@ SECRET_MIN_CHARS = 4  # shorter values are not secrets worth garbling every line
 
 
 def _secrets(settings: Settings) -> list[str]:
-    out = [settings.api_key]
+    out = [settings.api_key, settings.redis_sentinel_password]
     with contextlib.suppress(ValueError):  # a URL urllib cannot split has no password to hide
         out.append(urlsplit(settings.redis_url).password or "")
     return sorted((s for s in out if len(s) >= SECRET_MIN_CHARS), key=len, reverse=True)

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     """
     import asyncio
 
-    from dtq.config import load_settings, redact_url
+    from dtq.config import describe_redis, load_settings
     from dtq.errors import DtqError, RedisUnavailableError
     from dtq_cli import commands
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         # class): name the server and what failed, in one line, like an unreachable Redis.
         if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] == "redis":
             raise RedisUnavailableError(
-                f"Redis at {redact_url(settings.redis_url)} failed: {type(exc).__name__}: {exc}"
+                f"Redis at {describe_redis(settings)} failed: {type(exc).__name__}: {exc}"
             ) from exc
         raise
 

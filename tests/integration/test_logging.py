@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 MARKER = "PAYLOAD-MARKER-31e7"
 API_KEY = "log-test-key-8c2f94"
 PASSWORD = "redis-pass-55aa"
+SENTINEL_PASSWORD = "sentinel-pass-77bb"
 PLAIN_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) +\S+ ")
 CONTRACT = ("task_id", "task_type", "queue", "attempt", "status", "duration_ms", "event_type")
 
@@ -146,15 +147,23 @@ def test_control_characters_are_escaped_in_plain(settings: Settings) -> None:
 
 def test_secrets_are_replaced(settings: Settings) -> None:
     s = settings.model_copy(
-        update={"api_key": API_KEY, "redis_url": f"redis://user:{PASSWORD}@127.0.0.1:1/0"}
+        update={
+            "api_key": API_KEY,
+            "redis_url": f"redis://user:{PASSWORD}@127.0.0.1:1/0",
+            "redis_sentinel_password": SENTINEL_PASSWORD,
+        }
     )
     for json_mode in (False, True):
         buf = capture(s.model_copy(update={"log_json": json_mode}))
         logging.getLogger("dtq.test").warning(
-            "key %s url %s", API_KEY, s.redis_url, extra={"actor": API_KEY}
+            "key %s url %s sentinels %s",
+            API_KEY,
+            s.redis_url,
+            SENTINEL_PASSWORD,
+            extra={"actor": API_KEY},
         )
         text = buf.getvalue()
-        assert API_KEY not in text and PASSWORD not in text
+        assert API_KEY not in text and PASSWORD not in text and SENTINEL_PASSWORD not in text
         assert "***" in text
 
 

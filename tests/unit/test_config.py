@@ -273,3 +273,92 @@ def test_load_settings_warns_about_a_misspelt_variable(
 
 def test_queue_idle_ttl_default() -> None:
     assert load_settings().queue_idle_ttl_s == 86_400  # a day (DESIGN 11)
+
+
+# -- a Sentinel-managed primary (docs/operations.md, "Sentinel") ---------------------------------
+
+SENTINEL = {"DTQ_REDIS_SENTINEL_MASTER": "mymaster"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "addresses"),
+    [
+        ("10.0.0.1:26379", [("10.0.0.1", 26379)]),
+        ("a:1, b.example:26380 ,c:65535", [("a", 1), ("b.example", 26380), ("c", 65535)]),
+        ("[::1]:26379,[fd00::2]:26380", [("::1", 26379), ("fd00::2", 26380)]),
+    ],
+)
+def test_sentinel_addresses(
+    monkeypatch: pytest.MonkeyPatch, raw: str, addresses: list[tuple[str, int]]
+) -> None:
+    monkeypatch.setenv("DTQ_REDIS_SENTINELS", raw)
+    monkeypatch.setenv("DTQ_REDIS_SENTINEL_MASTER", "mymaster")
+    s = load_settings()
+    assert s.sentinel_addresses == addresses
+    assert s.redis_sentinel_master == "mymaster"
+
+
+def test_no_sentinels_by_default() -> None:
+    s = load_settings()
+    assert (s.redis_sentinels, s.redis_sentinel_master, s.redis_sentinel_password) == ("", "", "")
+    assert s.sentinel_addresses == []
+
+
+@pytest.mark.parametrize(
+    "raw", ["localhost", "a:0", "a:65536", "a:port", ":26379", "a:1,", "a:1,,b:2", "a:-1"]
+)
+def test_bad_sentinel_addresses(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("DTQ_REDIS_SENTINELS", raw)
+    monkeypatch.setenv("DTQ_REDIS_SENTINEL_MASTER", "mymaster")
+    with pytest.raises(ConfigError) as exc:
+        load_settings()
+    message = str(exc.value)
+    assert "\n" not in message
+    assert f"DTQ_REDIS_SENTINELS={raw!r}" in message and "host:port" in message
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({"DTQ_REDIS_SENTINELS": "a:26379"}, ["DTQ_REDIS_SENTINEL_MASTER", "required"]),
+        ({"DTQ_REDIS_SENTINEL_MASTER": "m"}, ["DTQ_REDIS_SENTINELS", "empty"]),
+        (
+            {**SENTINEL, "DTQ_REDIS_SENTINELS": "a:1", "DTQ_REDIS_URL": "unix:///r.sock"},
+            ["DTQ_REDIS_URL", "redis://", "DTQ_REDIS_SENTINELS"],
+        ),
+        (
+            {**SENTINEL, "DTQ_REDIS_SENTINELS": "a:1", "DTQ_REDIS_CLUSTER": "true"},
+            ["DTQ_REDIS_CLUSTER", "DTQ_REDIS_SENTINELS", "exclude"],
+        ),
+        (
+            {"DTQ_REDIS_CLUSTER": "true", "DTQ_REDIS_URL": "unix:///r.sock"},
+            ["DTQ_REDIS_URL", "DTQ_REDIS_CLUSTER"],
+        ),
+    ],
+)
+def test_sentinel_cross_field_rules(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], words: list[str]
+) -> None:
+    for var, raw in env.items():
+        monkeypatch.setenv(var, raw)
+    with pytest.raises(ConfigError) as exc:
+        load_settings()
+    for word in words:
+        assert word in str(exc.value)
+
+
+def test_describe_redis_names_the_primary_without_secrets() -> None:
+    from dtq.config import describe_redis
+
+    plain = Settings(redis_url="redis://:s3cret@h:6379/0")
+    assert describe_redis(plain) == "redis://***@h:6379/0"
+    managed = Settings(
+        redis_url="rediss://:s3cret@unused:1/2",
+        redis_sentinels="s1:26379, s2:26380",
+        redis_sentinel_master="mymaster",
+        redis_sentinel_password="sentinel-pw",
+    )
+    shown = describe_redis(managed)
+    assert shown == "primary 'mymaster' via sentinels s1:26379,s2:26380"
+    assert "s3cret" not in shown and "sentinel-pw" not in shown
+    assert "sentinel-pw" not in repr(managed)  # a failing test prints the settings

@@ -26,7 +26,7 @@ from dtq.api.deps import ApiState
 from dtq.api.errors import install_error_handlers, route_methods
 from dtq.api.limits import BodyLimitMiddleware, RequestIdMiddleware, max_body_bytes
 from dtq.api.ws import EventHub, serve_client
-from dtq.config import Settings, load_settings, redact_url
+from dtq.config import Settings, describe_redis, load_settings
 from dtq.connection import warn_durability
 from dtq.log import configure_logging
 from dtq.metrics import Metrics, count_commands
@@ -146,7 +146,7 @@ async def _start(state: ApiState) -> None:
         await queue.close()
         raise
     state.queue, state.hub = queue, hub
-    log.info("dtq API ready (Redis %s, events on %s)", redact_url(s.redis_url), s.ws_path)
+    log.info("dtq API ready (Redis %s, events on %s)", describe_redis(s), s.ws_path)
 
 
 def _body_refused(metrics: Metrics, path: str) -> None:

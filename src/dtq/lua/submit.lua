@@ -48,6 +48,8 @@
 --         {"new", status, entry_id or "", now_ms, due_ms, expires_at_ms or ""}
 --       | {"dup", state, task_id}
 --       | {"err", code, detail}   (code "REDIS": a Redis error, detail its message)
+-- except on a replica (a demoted primary), which refuses every write: then the whole call fails
+-- with its READONLY error.
 local call = redis.call
 local max_depth = tonumber(ARGV[1])
 local retention = tonumber(ARGV[2])
@@ -213,7 +215,13 @@ for i = 0, n - 1 do
   if not ok then
     -- A failed redis.call raises a table {err = message}; a Lua error, a string.
     if type(reply) == 'table' then reply = reply.err end
-    reply = {'err', 'REDIS', tostring(reply)}
+    reply = tostring(reply)
+    -- A replica (a demoted primary) refuses every write: the whole call fails with its READONLY
+    -- (Redis 6.2 prefixes it with the script's position), so the client drops the connection
+    -- and asks the sentinels for the primary again (docs/operations.md, "Sentinel").
+    local readonly = string.find(reply, 'READONLY ', 1, true)
+    if readonly then return redis.error_reply(string.sub(reply, readonly)) end
+    reply = {'err', 'REDIS', reply}
   end
   out[i + 1] = reply
 end

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from redis.exceptions import RedisError
 
-from dtq.config import Settings, redact_url
+from dtq.config import Settings, describe_redis
 from dtq.errors import ConfigError
 from dtq.log import configure_logging, set_process_fields
 from dtq.worker.supervisor import supervise
@@ -104,9 +104,7 @@ def _run_one(
         print(f"dtq worker: {exc.message}", file=sys.stderr)
         return 2
     except (RedisError, OSError) as exc:
-        print(
-            f"dtq worker: Redis at {redact_url(settings.redis_url)} failed: {exc}", file=sys.stderr
-        )
+        print(f"dtq worker: Redis at {describe_redis(settings)} failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
