@@ -209,11 +209,13 @@ def parse_sentinels(value: str) -> list[tuple[str, int]]:
 
 
 def describe_redis(settings: Settings) -> str:
-    """Where ``settings`` point, fit for logs and messages (no credentials): the redacted URL,
-    or the primary's name and its sentinels."""
+    """Where ``settings`` point, fit for logs and messages (no credentials): the redacted URL
+    (named a cluster's with ``DTQ_REDIS_CLUSTER``), or the primary's name and its sentinels."""
     if settings.redis_sentinels:
         sentinels = ",".join(f"{h}:{p}" for h, p in settings.sentinel_addresses)
         return f"primary {settings.redis_sentinel_master!r} via sentinels {sentinels}"
+    if settings.redis_cluster:
+        return f"the Redis Cluster at {redact_url(settings.redis_url)}"
     return redact_url(settings.redis_url)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 
 from dtq import devserver
-from dtq.config import Settings, redact_url
+from dtq.config import Settings, describe_redis, redact_url
 from dtq.errors import DtqError
 from dtq_cli.output import Output
 
@@ -97,6 +97,10 @@ class DevStack:
         that URL's port when it is a free local port, so ``dtq`` commands in another terminal
         reach it with the same settings."""
         url = self.settings.redis_url
+        if self.settings.redis_sentinels or self.settings.redis_cluster:
+            # A configured topology is used as it is: a private single Redis would not be it.
+            self.out.note(f"dtq dev: using {describe_redis(self.settings)}")
+            return
         if devserver.url_answers(url):
             self.out.note(f"dtq dev: using the Redis that answers at {redact_url(url)}")
             return

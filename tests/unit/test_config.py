@@ -352,6 +352,8 @@ def test_describe_redis_names_the_primary_without_secrets() -> None:
 
     plain = Settings(redis_url="redis://:s3cret@h:6379/0")
     assert describe_redis(plain) == "redis://***@h:6379/0"
+    cluster = Settings(redis_url="redis://:s3cret@h:7000/0", redis_cluster=True)
+    assert describe_redis(cluster) == "the Redis Cluster at redis://***@h:7000/0"
     managed = Settings(
         redis_url="rediss://:s3cret@unused:1/2",
         redis_sentinels="s1:26379, s2:26380",
