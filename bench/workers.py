@@ -78,12 +78,13 @@ async def drain(
     concurrency: int = DEFAULT_CONCURRENCY,
     processes: int = 1,
     timeout_s: float = 300,
-    queues: Sequence[str] = ("default",),
+    queues: Sequence[str] = (),
     client: Redis | None = None,
     worker_env: dict[str, str] | None = None,
     drained: Callable[[], Awaitable[None]] | None = None,
 ) -> DrainResult:
-    """Start a worker of ``queues`` on queued ``ids``, wait until every one SUCCEEDED, stop it.
+    """Start a worker of ``queues`` (none: the default queue) on queued ``ids``, wait until
+    every one SUCCEEDED, stop it.
 
     ``client`` is the Redis the tasks are on (default: the run's own; a client given is left
     open), ``worker_env`` goes to the worker's environment, and ``drained`` is awaited as soon
@@ -104,7 +105,7 @@ async def drain(
         async def done() -> bool:
             if not worker.alive():
                 return True
-            for queue in queues:
+            for queue in queues or ("default",):
                 if await live_entries(r, queue):
                     return False
             return True

@@ -24,6 +24,7 @@ Redis's, and the primaries' shares of the cluster's CPU show how evenly the work
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -323,6 +324,64 @@ def results(
     return out
 
 
+EVENT = json.dumps(
+    {
+        "event_id": "0" * 32,
+        "event_type": "TASK_SUCCEEDED",
+        "task_id": "0" * 32,
+        "queue": "c0",
+        "task_type": NOOP_TASK,
+        "attempt": 1,
+        "worker_id": "w-" + "0" * 12,
+        "timestamp": "2026-01-01T00:00:00.000Z",
+    }
+)
+"""A message of an event's size, for :func:`publish_cost`."""
+
+
+def publish_cost(cluster: DevCluster, n: int) -> list[float]:
+    """CPU microseconds per PUBLISH on each primary of ``cluster`` when ``n`` are sent to the
+    first one (pipelines of 100): the first is the sender's cost, the others the receivers'.
+    A cluster sends every PUBLISH to every node over its bus: each task's events (three per
+    no-op task: queued, started, succeeded) cost every primary something."""
+    clients = [redis.Redis(port=node.port) for node in cluster.primaries()]
+    try:
+
+        def cpu_s() -> list[float]:
+            infos = [c.info("cpu") for c in clients]
+            return [float(i["used_cpu_user"]) + float(i["used_cpu_sys"]) for i in infos]
+
+        before = cpu_s()
+        for _ in range(0, n, 100):
+            pipe = clients[0].pipeline(transaction=False)
+            for _ in range(100):
+                pipe.publish(keys.EVENTS, EVENT)
+            pipe.execute()
+        return [(a - b) / n * 1e6 for a, b in zip(cpu_s(), before, strict=True)]
+    finally:
+        for c in clients:
+            c.close()
+
+
+def _publish_row(spread: list[float], solo: list[float], n: int) -> Result:
+    receivers = ", ".join(f"{us:.2f}" for us in spread[1:])
+    return Result(
+        "cluster.publish",
+        figure="sender_us",
+        unit="us Redis CPU/PUBLISH",
+        values={
+            "sender_us": spread[0],
+            "receivers_us": spread[1:],
+            "one_primary_us": solo[0],
+            "n": n,
+        },
+        ratios={"one_primary": spread[0] / solo[0]},
+        note=f"{n:,} PUBLISH of a {len(EVENT)}-byte event to one primary of {PRIMARIES}: "
+        f"{receivers} us on each other primary (the cluster bus takes every message to every "
+        f"node); on a cluster of 1 primary {solo[0]:.2f} us",
+    )
+
+
 def _start(env: Env) -> tuple[DevCluster, DevCluster]:
     spread = start_cluster(env.work_dir / "cluster-3", primaries=PRIMARIES, replicas=0)
     try:
@@ -343,8 +402,12 @@ async def run(env: Env) -> list[Result]:
         (solo_port,) = [node.port for node in solo_cluster.primaries()]
         solo = await _cluster(env, n, solo_cluster, queues, {solo_port: queues})
         spread = await _cluster(env, n, spread_cluster, queues, by_primary)
+        pubs = env.n(30_000, 1_000)
+        publish = await asyncio.to_thread(publish_cost, spread_cluster, pubs)
+        publish_solo = await asyncio.to_thread(publish_cost, solo_cluster, pubs)
     finally:
         await asyncio.to_thread(spread_cluster.stop)
         await asyncio.to_thread(solo_cluster.stop)
     servers = f"{PRIMARIES} primaries, no replicas ({Path(spread_cluster.binary).name})"
-    return results(n, env.concurrency, single, solo, spread, servers)
+    rows = results(n, env.concurrency, single, solo, spread, servers)
+    return [*rows, _publish_row(publish, publish_solo, pubs)]

@@ -55,6 +55,7 @@ def test_quick_cluster_bench_reports_each_primary_against_one_redis(redis_url: s
     rows = {r["scenario"]: r for r in quick_bench(redis_url, ["cluster"])}
     primaries = [rows[f"cluster.primary_{i}"] for i in range(3)]
     assert {"cluster.single_redis", "cluster.one_primary", "cluster.drain"} <= set(rows)
+    assert len(rows["cluster.publish"]["receivers_us"]) == 2  # the other two primaries
     n = rows["cluster.single_redis"]["n"]
     # Two queues on each primary, every task on the primary of its queue, every primary busy.
     assert sorted(q for p in primaries for q in p["queues"]) == sorted(
