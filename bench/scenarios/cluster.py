@@ -18,7 +18,11 @@ every stream is empty and every task SUCCEEDED. Reported: the drain rate (first 
 server's whole process, so the worker's reads, touches and heartbeats count too). CPU time, not
 wall time: the 2 cores run the servers, the worker and this process at once, and a server that
 waits for a core is not charged for the wait. Each primary's figure is a ratio to the single
-Redis's, and the primaries' shares of the cluster's CPU show how evenly the work split.
+Redis's per task (``single_redis``) and, for the CPU it spent on its third of the load, to the
+single Redis's for the whole load (``single_redis_load``); the primaries' shares of the
+cluster's CPU show how evenly the work split. Last, ``cluster.publish``: what one PUBLISH costs
+the primary it is sent to and every other primary (a cluster's bus takes each message to every
+node), on 3 primaries and on 1.
 """
 
 from __future__ import annotations
@@ -240,8 +244,13 @@ def _pick_queues(cluster: DevCluster) -> dict[int, list[str]]:
         rc.close()
 
 
-def _row(name: str, phase: Phase, port: int, base_us: float, note: str) -> Result:
+def _row(name: str, phase: Phase, port: int, base_us: float, n: int, note: str) -> Result:
+    """A server's row: its CPU per task it held, as a ratio to one Redis's; a server that held
+    part of the load also gets the share of one Redis's CPU for the whole load it spent."""
     us = phase.per_task_us(port)
+    ratios = {"single_redis": us["cpu_us_per_task"] / base_us}
+    if phase.tasks[port] != n:
+        ratios["single_redis_load"] = us["cpu_us_per_task"] * phase.tasks[port] / (base_us * n)
     return Result(
         name,
         figure="cpu_us_per_task",
@@ -253,7 +262,7 @@ def _row(name: str, phase: Phase, port: int, base_us: float, note: str) -> Resul
             "queues": phase.queues[port],
             "drain_rate": phase.rate,
         },
-        ratios={"single_redis": us["cpu_us_per_task"] / base_us},
+        ratios=ratios,
         target="<= single Redis",
         met=us["cpu_us_per_task"] <= base_us,
         note=f"{note}; submit {us['submit_us_per_task']:.1f} + drain "
@@ -290,6 +299,7 @@ def results(
             solo,
             solo_port,
             base_us,
+            n,
             f"the same load on a cluster of 1 primary, cluster layout; {solo.rate:,.0f} tasks/s",
         ),
         Result(
@@ -318,6 +328,7 @@ def results(
                 spread,
                 port,
                 base_us,
+                n,
                 f"queues {queues}: {spread.tasks[port]:,} tasks",
             )
         )
