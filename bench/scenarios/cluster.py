@@ -1,8 +1,9 @@
 """Cluster: no-op tasks over 6 queues on a 3-primary Redis Cluster, against one Redis.
 
-The scenario starts its own clusters (:func:`dtq.devcluster.start_cluster`, the run's server
-binary, **no replicas**: a replica replays every write of its primary on the same 2 cores, and
-the single Redis it is compared with has none). It picks 6 queue names whose hash tags put two
+The scenario starts its own clusters (:func:`dtq.devcluster.start_cluster`, with the binary
+:func:`dtq.devserver.find_redis_server` picks, as for the run's own server, and **no
+replicas**: a replica replays every write of its primary on the same 2 cores, and the single
+Redis it is compared with has none). It picks 6 queue names whose hash tags put two
 queues on each of the 3 primaries, and runs the same load three times:
 
 - **single Redis**: the run's own server, flat layout (the baseline of every ratio);
