@@ -234,12 +234,20 @@ async def _cluster(
 
 
 def _pick_queues(cluster: DevCluster) -> dict[int, list[str]]:
-    """Two queues per primary of ``cluster``, by the slots its primaries serve."""
+    """Two queues per primary of ``cluster``, by the slots its primaries serve; the server's
+    CLUSTER KEYSLOT of each queue's stream key is checked against :func:`dtq.keys.slot`."""
     rc = redis.RedisCluster.from_url(cluster.url)
     try:
         keys.use_layout(True)  # the names are chosen by their cluster keys' slots
         primaries = [node.port for node in cluster.primaries()]
-        return queues_by_primary(lambda q: rc.get_node_from_key(keys.stream(q, 5)).port, primaries)
+        picked = queues_by_primary(
+            lambda q: rc.get_node_from_key(keys.stream(q, 5)).port, primaries
+        )
+        for queue in _round_robin(picked):
+            key = keys.stream(queue, 5)
+            if rc.cluster_keyslot(key) != keys.slot(key):
+                raise RuntimeError(f"CLUSTER KEYSLOT {key} is not dtq.keys.slot's")
+        return picked
     finally:
         keys.use_layout(False)
         rc.close()
