@@ -26,6 +26,7 @@ import redis
 from bench.harness import Env, Result
 from bench.scenarios import (
     baseline,
+    cluster,
     drain,
     enqueue,
     expiration,
@@ -49,6 +50,7 @@ SCENARIOS: dict[str, Scenario] = {
     "memory": memory.run,
     "scaling": scaling.run,
     "expiration": expiration.run,
+    "cluster": cluster.run,
 }
 
 HEADER = (

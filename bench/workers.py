@@ -8,7 +8,10 @@ run (``tests/integration/test_bench_smoke.py``) fails when the worker cannot sta
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+
+from redis.asyncio import Redis
 
 from bench.harness import (
     Env,
@@ -28,10 +31,21 @@ DEFAULT_CONCURRENCY = 128
 WORKER_ARGS = ("-m", "dtq.worker", "--tasks", "bench.tasks")
 
 
-def spawn_worker(env: Env, *, concurrency: int, processes: int = 1, **extra_env: str) -> Managed:
+def spawn_worker(
+    env: Env,
+    *,
+    concurrency: int,
+    processes: int = 1,
+    queues: Sequence[str] = (),
+    **extra_env: str,
+) -> Managed:
+    """A worker of ``queues`` (none given: the worker's default queue); ``extra_env`` is added
+    to its environment (``DTQ_REDIS_URL`` and ``DTQ_REDIS_CLUSTER`` for a cluster)."""
     args = [*WORKER_ARGS, "--concurrency", str(concurrency)]
     if processes != 1:
         args += ["--processes", str(processes)]
+    for queue in queues:
+        args += ["--queue", queue]
     extra = {"DTQ_WORKER_METRICS_PORT": str(free_port()), **extra_env}
     return env.spawn(f"worker-p{processes}-c{concurrency}", args, **extra)
 
@@ -64,21 +78,44 @@ async def drain(
     concurrency: int = DEFAULT_CONCURRENCY,
     processes: int = 1,
     timeout_s: float = 300,
+    queues: Sequence[str] = (),
+    client: Redis | None = None,
+    worker_env: dict[str, str] | None = None,
+    drained: Callable[[], Awaitable[None]] | None = None,
 ) -> DrainResult:
-    """Start a worker on queued ``ids``, wait until every one SUCCEEDED, stop it."""
-    r = await env.redis()
+    """Start a worker of ``queues`` (none: the default queue) on queued ``ids``, wait until
+    every one SUCCEEDED, stop it.
+
+    ``client`` is the Redis the tasks are on (default: the run's own; a client given is left
+    open), ``worker_env`` goes to the worker's environment, and ``drained`` is awaited as soon
+    as every stream is empty, before the tasks are read back (to sample Redis's CPU time without
+    the cost of that read)."""
+    r = client if client is not None else await env.redis()
     try:
         spawn_ms = await redis_now_ms(r)
         t = time.monotonic()
-        worker = spawn_worker(env, concurrency=concurrency, processes=processes)
+        worker = spawn_worker(
+            env,
+            concurrency=concurrency,
+            processes=processes,
+            queues=queues,
+            **(worker_env or {}),
+        )
 
         async def done() -> bool:
-            return not worker.alive() or await live_entries(r) == 0
+            if not worker.alive():
+                return True
+            for queue in queues or ("default",):
+                if await live_entries(r, queue):
+                    return False
+            return True
 
         await wait_until(done, timeout_s, interval_s=0.05)
         wall = time.monotonic() - t
         if not worker.alive():
             raise RuntimeError(f"the worker exited ({worker.proc.returncode}): {worker.tail()}")
+        if drained is not None:
+            await drained()
         rows = await statuses(r, ids, "status", "finished_at")
 
         async def all_final() -> bool:
@@ -89,7 +126,8 @@ async def drain(
         await wait_until(all_final, 10, interval_s=0.2)
         worker.stop()
     finally:
-        await r.aclose()
+        if client is None:
+            await r.aclose()
     ok = [iso_ms(fin) for st, fin in rows if st == TaskStatus.SUCCEEDED.value and fin]
     if len(ok) != len(ids):
         bad = {st for st, _ in rows if st != TaskStatus.SUCCEEDED.value}

@@ -169,9 +169,16 @@ class SubmitReply:
     detail: str = ""
 
 
-@functools.lru_cache(maxsize=4096)
 def _queue_streams(queue: str) -> list[str]:
-    """The ten stream keys of a queue (a submit call passes all ten in KEYS), built once."""
+    """The ten stream keys of a queue (a submit call passes all ten in KEYS), built once per
+    layout: a process that switches layouts (the tests, the benchmarks) must not get the other
+    layout's names."""
+    return _layout_streams(queue, keys.cluster_layout())
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_streams(queue: str, cluster: bool) -> list[str]:
+    """:func:`_queue_streams`, cached by queue and layout (``cluster`` is the cache's key)."""
     return keys.queue_streams(queue)
 
 

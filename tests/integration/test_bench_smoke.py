@@ -1,7 +1,8 @@
 """Smoke run of the benchmarks: ``python -m bench --quick`` against the test Redis completes and
 reports one valid JSON line per result, every scenario measured ("ok": a worker that cannot
-start is an error row and exit code 1). No timing is asserted: figures on a shared 2-core
-machine are for ``make bench``, never a gate of ``make test``."""
+start is an error row and exit code 1). The cluster scenario, which starts clusters of its own,
+runs in a test apart, so that each stays within its time limit. No timing is asserted: figures
+on a shared 2-core machine are for ``make bench``, never a gate of ``make test``."""
 
 from __future__ import annotations
 
@@ -9,15 +10,21 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ("baseline", "enqueue", "drain", "latency", "memory", "scaling", "expiration")
+"""The first word of the results' names; the ``http`` scenario's results are ``enqueue.http_*``."""
 
 
-def test_quick_bench_reports_every_scenario(redis_url: str) -> None:
+def quick_bench(redis_url: str, scenarios: Sequence[str]) -> list[dict[str, Any]]:
+    """``python -m bench --quick --only <scenarios>``: its results, each one checked "ok" with a
+    finite figure, and its table checked to have a row for each."""
+    only = ",".join(scenarios)
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--redis-url", redis_url],
+        [sys.executable, "-m", "bench", "--quick", "--only", only, "--redis-url", redis_url],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -27,13 +34,35 @@ def test_quick_bench_reports_every_scenario(redis_url: str) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert results, proc.stdout
-    names = {r["scenario"] for r in results}
-    for scenario in SCENARIOS:
-        assert any(n.split(".")[0] == scenario for n in names), (scenario, sorted(names))
-    assert {"enqueue.http_noop", "enqueue.http_submit", "drain.noop", "drain.rpush"} <= names
     for r in results:
         assert r["status"] == "ok", r
         value = r[r["figure"]]
         assert isinstance(value, int | float) and math.isfinite(value) and value >= 0, r
     table = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
     assert len(table) == len(results) + 2  # header, rule, one row per result
+    return results
+
+
+def test_quick_bench_reports_every_scenario(redis_url: str) -> None:
+    results = quick_bench(redis_url, [*SCENARIOS, "http"])
+    names = {r["scenario"] for r in results}
+    for scenario in SCENARIOS:
+        assert any(n.split(".")[0] == scenario for n in names), (scenario, sorted(names))
+    assert {"enqueue.http_noop", "enqueue.http_submit", "drain.noop", "drain.rpush"} <= names
+
+
+def test_quick_cluster_bench_reports_each_primary_against_one_redis(redis_url: str) -> None:
+    rows = {r["scenario"]: r for r in quick_bench(redis_url, ["cluster"])}
+    primaries = [rows[f"cluster.primary_{i}"] for i in range(3)]
+    assert {"cluster.single_redis", "cluster.one_primary", "cluster.drain"} <= set(rows)
+    assert len(rows["cluster.publish"]["receivers_us"]) == 2  # the other two primaries
+    n = rows["cluster.single_redis"]["n"]
+    # Two queues on each primary, every task on the primary of its queue, every primary busy.
+    assert sorted(q for p in primaries for q in p["queues"]) == sorted(
+        rows["cluster.one_primary"]["queues"]
+    )
+    assert all(len(p["queues"]) == 2 for p in primaries)
+    assert sum(p["tasks"] for p in primaries) == n
+    assert all(p["tasks"] == n // 3 for p in primaries)
+    assert all(p["cpu_us_per_task"] > 0 and p["ratios"]["single_redis"] > 0 for p in primaries)
+    assert math.isclose(sum(p["cpu_share"] for p in primaries), 1, rel_tol=1e-3)
