@@ -35,18 +35,25 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from redis.exceptions import ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["TRANSIENT", "RedisOutage"]
+__all__ = ["NOT_RUN", "TRANSIENT", "RedisOutage"]
 
 log = logging.getLogger(__name__)
 
 IDS_TOLD = 20  # task ids named for the finishes not recorded since the last line
 
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+NOT_RUN = (ClusterDownError, TryAgainError)
+"""A Redis Cluster's replies that it did not run a command, for now: CLUSTERDOWN while a failover
+is under way (every node refuses every command until a replica serves the dead primary's
+slots), TRYAGAIN during a slot migration. Sending the command again is safe."""
+
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError, *NOT_RUN)
 """Errors that mean "Redis did not answer" (redis-py's BusyLoadingError, while a restarted Redis
-loads its data, is a ConnectionError): the loops retry them and this class reports them."""
+loads its data, is a ConnectionError) or did not run the command for now (:data:`NOT_RUN`):
+the loops retry them and this class reports them."""
 
 
 class RedisOutage:
