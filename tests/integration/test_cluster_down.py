@@ -10,6 +10,7 @@ of that slot makes it serve again. No key of these tests is in that slot."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -140,3 +141,51 @@ async def test_a_finish_refused_by_a_down_cluster_is_sent_again(
         history = await dq.history(task.task_id)
     assert runs == [1]
     assert [h.to_status for h in history] == ["queued", "running", "succeeded"]
+
+
+async def test_a_start_refused_by_a_down_cluster_is_sent_again(
+    dq: Queue,
+    dsettings: Settings,
+    one_node: DevCluster,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The cluster goes down between the read that delivered an entry and its start: the
+    start is refused (it did not run), kept, and sent again once the cluster serves, with no
+    error logged for the task. Left to the reaper, the entry would wait for the visibility
+    timeout."""
+    runs: list[int] = []
+    refused: list[Any] = []
+    real_start_many = calls.start_many
+
+    async def start_many(*args: Any) -> list[Any]:  # the first start meets a down cluster
+        down = not refused
+        if down:
+            _slots(one_node, "DELSLOTS")
+        try:
+            replies = await real_start_many(*args)
+        finally:
+            if down:
+                await _set_state(one_node, "ok")
+        refused.extend(r for r in replies if isinstance(r, ClusterDownError))
+        return replies
+
+    async def noted(payload: dict[str, Any], ctx: TaskContext) -> str:
+        runs.append(ctx.attempt)
+        return "done"
+
+    monkeypatch.setattr(calls, "start_many", start_many)
+    async with running_worker(dsettings, handlers(cd_noted=noted), queues=(QUEUE,)):
+        task = await dq.submit("cd_noted", {}, queue=QUEUE)
+
+        async def succeeded() -> bool:
+            try:
+                return (await dq.get(task.task_id)).status == "succeeded"
+            except RedisUnavailableError:  # asked while the start met the down cluster
+                return False
+
+        await wait_until(succeeded, dsettings.visibility_timeout_s / 2, "succeeded")
+        history = await dq.history(task.task_id)
+    assert refused and runs == [1]
+    assert [h.to_status for h in history] == ["queued", "running", "succeeded"]
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
