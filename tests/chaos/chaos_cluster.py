@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -33,6 +34,8 @@ import redis as sync_redis
 from chaos_checker import Report, dup_unexplained, finish, require_clean
 from chaos_faults import _next_move
 from chaos_harness import (
+    REAPER_S,
+    VISIBILITY_S,
     Cluster,
     EventLog,
     Run,
@@ -118,7 +121,7 @@ async def running_cluster(root: Path, name: str) -> AsyncIterator[Run]:
         keys.use_layout(False)
 
 
-def queue_specs(n: int, rng: Any, *, long_share: float = 0.0) -> list[Spec]:
+def queue_specs(n: int, rng: random.Random, *, long_share: float = 0.0) -> list[Spec]:
     """``n`` ordinary tasks (5-50 ms; ``long_share`` of them 200-800 ms, so that some are
     running whenever a fault strikes) over :data:`QUEUES` in turn; one in ten asks for one
     retry, so the scheduler leader's promotion runs on every primary too."""
@@ -190,9 +193,12 @@ async def cluster_kill9(root: Path, scale: Scale) -> list[Report]:
         if (moved := _next_move(rep, tid, t_kill / 1e6, victim.worker_id)) is not None
     ]
     rep.recovery_s = max(recoveries, default=float("nan"))
+    bound = VISIBILITY_S + REAPER_S + 1
     rep.notes.update(
         kills=len(kills),
         in_flight_on_killed=len(held),
+        recovery_bound_s=bound,
+        over_bound=sum(1 for x in recoveries if x > bound),
         queues=len(QUEUES),
         wall_s=round(time.monotonic() - started, 1),
     )
@@ -279,7 +285,7 @@ def _outage_s(records: list[SubmitRecord], queue_of: Mapping[int, str], queues: 
 
 
 async def cluster_primary_kill(root: Path, scale: Scale) -> list[Report]:
-    """Three workers serve the six queues under a paced load; a third of the way in, the
+    """Three workers serve the six queues under a paced load; a quarter of the way in, the
     primary of two of them is SIGKILLed and its replica takes over. The workers, the
     scheduler leader and the SDK go on without a restart (module docstring: what may be lost,
     what may run twice)."""
@@ -305,7 +311,7 @@ async def cluster_primary_kill(root: Path, scale: Scale) -> list[Report]:
             load.via_sdk(c.url, specs, n / duration_s, settings=CLUSTER_SETTINGS)
         )
         try:
-            await asyncio.wait({loading}, timeout=duration_s / 3)
+            await asyncio.wait({loading}, timeout=duration_s / 4)
             t_kill = now_ns()
             dev.kill(victim.port)
             witness.freeze()
