@@ -45,9 +45,8 @@ class Finisher:
     A connection failure is retried with backoff for up to ``retry_budget_s``, and so are the
     calls a Redis Cluster did not run (:data:`~dtq.worker.outage.NOT_RUN`, during a failover);
     after that each such call's reply is the error, and the entry stays pending for the reaper
-    of some worker. The
-    failures go to the process's :class:`~dtq.worker.outage.RedisOutage`; a batch given up is
-    one line, with its task ids.
+    of some worker. The failures go to the process's :class:`~dtq.worker.outage.RedisOutage`;
+    a batch given up is one line, with its task ids.
     """
 
     def __init__(
@@ -227,11 +226,12 @@ class Finisher:
         started = time.monotonic()
         deadline = started + self._retry_budget_s
         delay_s = 0.05
-        replies: list[FinishReply | Exception] = []
-        todo = list(range(len(batch)))  # the calls to send: all, then those not run
+        replies: list[FinishReply | Exception] | None = None  # once a send was answered
+        todo: list[int] = []  # then: the calls the cluster did not run, to send again
         while True:
             try:
-                got = await calls.finish_many(self._store, [batch[i] for i in todo])
+                sending = [batch[i] for i in todo] if replies is not None else batch
+                got = await calls.finish_many(self._store, sending)
             except TRANSIENT as exc:
                 resent = True
                 failure: Exception = exc
@@ -239,12 +239,12 @@ class Finisher:
                 log.exception("finish pipeline failed")
                 return [exc] * len(batch), False
             else:
-                if not replies:
+                if replies is None:
                     replies = got
                 else:
                     for i, reply in zip(todo, got, strict=True):
                         replies[i] = reply
-                todo = [i for i in todo if isinstance(replies[i], NOT_RUN)]
+                todo = [i for i, reply in enumerate(replies) if isinstance(reply, NOT_RUN)]
                 if not todo:
                     self._outage.ok("finish")
                     return replies, resent
@@ -252,9 +252,10 @@ class Finisher:
             self._outage.failed("finish", failure)
             if time.monotonic() + delay_s > deadline:
                 # Told, with the ids, in the outage reporter's next line (one a second).
-                self._outage.unrecorded([task_ids[i] for i in todo])
-                if not replies:
+                if replies is None:
+                    self._outage.unrecorded(list(task_ids))
                     return [failure] * len(batch), False
+                self._outage.unrecorded([task_ids[i] for i in todo])
                 for i in todo:
                     replies[i] = failure
                 return replies, resent
