@@ -2,8 +2,9 @@
 
 Every loop of a worker (poll, reaper, cancel watcher, scheduler, finisher, and the heartbeat on
 its own thread) tells the process's :class:`RedisOutage` when a Redis call failed for a
-transient reason (:data:`TRANSIENT`: connection refused or lost, a timeout) with
-:meth:`~RedisOutage.failed`, and when one succeeded with :meth:`~RedisOutage.ok`. Instead of one
+transient reason (:data:`TRANSIENT`: connection refused or lost, a timeout, a cluster that
+refuses commands during a failover) with :meth:`~RedisOutage.failed`, and when one succeeded
+with :meth:`~RedisOutage.ok`. Instead of one
 line per failing loop iteration (10 to 20 lines a second per worker in a one-second outage), the
 log gets:
 
