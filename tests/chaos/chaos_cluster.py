@@ -175,6 +175,7 @@ async def cluster_kill9(root: Path, scale: Scale) -> list[Report]:
             stop.set()
             await sup
         rep = await finish(run, "cluster: kill -9 workers", load, queues=QUEUES)
+        require_events(rep, run)
         failures = loop_failures(c)
     require_clean(rep, dup=False)
     rep.require_zero("worker loops failed", failures)
@@ -260,6 +261,14 @@ class ReplicaWitness:
             client.close()
 
 
+def require_events(rep: Report, run: Run) -> None:
+    """The event log (subscribed on one node) heard the terminal events published on every
+    primary: else the check of terminal events would have had nothing to judge."""
+    heard = sum(1 for v in rep.views.values() if v.terminal_events)
+    rep.notes["terminal_events_heard"] = heard
+    rep.require(heard >= rep.accepted // 2, f"terminal events of {heard} task(s) heard")
+
+
 def loop_failures(c: Cluster) -> list[str]:
     """The workers' lines saying a loop or the finish pipeline failed on an unexpected error
     (a bug: the loop is restarted), whoever logged them, killed workers included."""
@@ -341,6 +350,7 @@ async def cluster_primary_kill(root: Path, scale: Scale) -> list[Report]:
             if not n_keys
         }
         rep = await finish(run, "cluster: kill -9 a primary", load, gone=gone, queues=QUEUES)
+        require_events(rep, run)
         exited = [w.worker_id for w in workers if not w.proc.alive()]
         failures = loop_failures(c)
         victim_tasks |= {  # orphans (a submit with no answer) of the victim's queues
