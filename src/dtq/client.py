@@ -30,8 +30,8 @@ from typing import Any, Concatenate, ParamSpec, Self, TypeVar, Unpack
 
 from pydantic import BaseModel
 from redis.asyncio import Redis
+from redis.exceptions import ClusterDownError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dtq import admin
@@ -76,13 +76,21 @@ R = TypeVar("R")
 def _redis_errors(
     fn: Callable[P, Coroutine[Any, Any, R]],
 ) -> Callable[P, Coroutine[Any, Any, R]]:
-    """Turn connection failures into RedisUnavailableError naming the URL."""
+    """Turn connection failures into RedisUnavailableError naming the URL, and a Redis
+    Cluster's refusals to run a command for now too (CLUSTERDOWN while a failover is under way,
+    TRYAGAIN during a slot migration: the command did not run)."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await fn(*args, **kwargs)
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except (
+            RedisConnectionError,
+            RedisTimeoutError,
+            OSError,
+            ClusterDownError,
+            TryAgainError,
+        ) as exc:
             q = args[0]
             where = describe_redis(q.settings) if isinstance(q, Queue) else "?"
             raise RedisUnavailableError(

@@ -39,7 +39,14 @@ from typing import Any
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import AskError, MovedError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import (
+    AskError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -278,7 +285,9 @@ class Scripts:
             failed = next((r for r in sent if isinstance(r, BaseException)), None)
             if failed is not None:
                 if isinstance(failed, (RedisConnectionError, RedisTimeoutError, OSError)):
-                    with contextlib.suppress(RedisError, OSError):
+                    # Best effort: a refresh that fails (no node answers, or the slots are not
+                    # all served yet) must not hide the lost connection.
+                    with contextlib.suppress(RedisError, RedisClusterException, OSError):
                         await redis.nodes_manager.initialize()
                 raise failed
             todo = []
@@ -324,6 +333,13 @@ class Scripts:
         conn = node.acquire_connection()
         try:
             replies = await _exchange(conn, commands, extra_s)
+        except AttributeError as exc:
+            if conn.is_connected:
+                raise
+            # Closed while in use: redis-py's cluster client disconnects every connection of
+            # every node, those in use too, when a command of its own meets CLUSTERDOWN (a
+            # failover under way). A lost connection: the calls may have run.
+            raise RedisConnectionError(f"connection to {node.name} closed while in use") from exc
         except BaseException:
             await conn.disconnect(nowait=True)
             raise

@@ -314,7 +314,8 @@ class Store:
             pipe.xgroup_create(key, keys.CONSUMER_GROUP, id="0", mkstream=True)
         pipe.sadd(keys.QUEUES, queue)
         for r in await pipe.execute(raise_on_error=False):
-            if isinstance(r, ResponseError) and "BUSYGROUP" not in str(r):
+            # A cluster pipeline gives a lost node's error as a reply: raised like the others.
+            if isinstance(r, Exception) and "BUSYGROUP" not in str(r):
                 raise r
 
 

@@ -353,13 +353,14 @@ async def finish(
     skip: set[str] | None = None,
     quiet_s: float = QUIET_S,
     gone: set[str] | None = None,
+    queues: Sequence[str] = ("default",),
 ) -> Report:
-    """Wait for quiescence of every task in Redis (but ``skip``), let the workers run on for
-    ``settle_s``, then check them all. ``gone``: accepted tasks known to be gone from Redis
-    (not waited for; the report counts them lost)."""
+    """Wait for quiescence of every task in Redis (but ``skip``) and of ``queues``' streams,
+    let the workers run on for ``settle_s``, then check them all. ``gone``: accepted tasks
+    known to be gone from Redis (not waited for; the report counts them lost)."""
     ids = (set(load.accepted()) | set(await all_task_ids(run.r))) - (skip or set())
     ids -= gone or set()
-    left = await wait_quiet(run.r, ids, quiet_s)
+    left = await wait_quiet(run.r, ids, quiet_s, queues)
     await run.settle(settle_s)
     rep = await check(
         name, run.r, load.records, run.cluster.exec_dir, run.events.events(), skip=skip or ()

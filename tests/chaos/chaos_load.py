@@ -166,8 +166,9 @@ def _since_s(t_ns: int) -> float:
 
 
 def _refused(message: str) -> bool:
-    """A connection that was never made: the command cannot have reached Redis."""
-    return "Connection refused" in message or "Error 111" in message
+    """A connection that was never made, or a cluster that refused to run the command while
+    a failover is under way: the command cannot have run."""
+    return "Connection refused" in message or "Error 111" in message or "cluster is down" in message
 
 
 async def pending_entries(
@@ -218,15 +219,18 @@ async def _indexes_empty(r: Redis, queues: Sequence[str]) -> bool:
     for q in queues:
         for stream in keys.queue_streams(q):
             pipe.xlen(stream)
-    pipe.zcard(keys.RETRY_SCHEDULE)
-    pipe.zcard(keys.RETRY_CLAIMED)
+    for scope in keys.scopes(queues):  # the one schedule, or each queue's on a cluster
+        pipe.zcard(keys.retry_schedule(scope))
+        pipe.zcard(keys.retry_claimed(scope))
     return not any(await pipe.execute())
 
 
 async def all_task_ids(r: Redis) -> list[str]:
-    """Every task hash in Redis (SCAN), whoever submitted it."""
+    """Every task hash in Redis (SCAN; on a Redis Cluster, of every primary), whoever
+    submitted it."""
     out = []
-    async for key in r.scan_iter(match=keys.task("*"), count=1000):
-        if key.count(":") == 2:  # not a task's :history
-            out.append(key.removeprefix(keys.task("")))
+    async for key in r.scan_iter(match=keys.task_match(), count=1000):
+        task_id = keys.task_id_of(key)
+        if keys.task(task_id) == key:  # not a task's :history
+            out.append(task_id)
     return out

@@ -37,7 +37,7 @@ from dtq.store import Store
 from dtq.worker.finish import Finisher
 from dtq.worker.handlers import Execution, Runner
 from dtq.worker.observer import TaskStarted, WorkerObserver
-from dtq.worker.outage import TRANSIENT, RedisOutage
+from dtq.worker.outage import NOT_RUN, TRANSIENT, RedisOutage
 from dtq.worker.threads import ThreadRunner
 from dtq_tasks import Handler
 
@@ -175,7 +175,9 @@ class Executor:
         may be RUNNING here, neither in flight nor renewed. They are kept in :attr:`lost` with
         the batch's start token, and the next start of one of them (:meth:`lost_entries`, sent
         again by intake once Redis answers, or the reaper's claim) is a resume: start.lua runs
-        it at the attempt that start set when it ran, instead of counting a crash redelivery."""
+        it at the attempt that start set when it ran, instead of counting a crash redelivery.
+        A start a Redis Cluster refused (:data:`~dtq.worker.outage.NOT_RUN`) is kept there
+        too, and its error raised once the others are launched."""
         todo = []
         resume: dict[str, str] = {}
         starting = self._starting
@@ -209,7 +211,14 @@ class Executor:
         finally:
             for entry in todo:
                 starting.discard(entry_key(entry.stream, entry.entry_id))
+        refused: Exception | None = None
         for entry, start in zip(todo, replies, strict=True):
+            if isinstance(start, NOT_RUN):  # a cluster failover: kept to be started again
+                self._capacity.release()
+                key = entry_key(entry.stream, entry.entry_id)
+                self.lost[key] = (entry, resume.get(key, token))
+                refused = start
+                continue
             if isinstance(start, Exception):
                 log.error(
                     "start of task %s (entry %s) failed: %s", entry.task_id, entry.entry_id, start
@@ -221,6 +230,8 @@ class Executor:
                 self.finisher.skipped(entry, start)
                 continue
             self._launch(entry, start)
+        if refused is not None:
+            raise refused  # Redis unavailable for now: the caller's loop waits and tries again
 
     def holds(self, stream: str, entry_id: str) -> bool:
         """The entry is in flight, being started, or a start of it lost its reply."""

@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from typing import cast
 
 from dtq import calls, keys
 from dtq.calls import Entry, FinishReply, Outcome, StartReply
@@ -28,7 +29,7 @@ from dtq.config import Settings
 from dtq.scripts import Call
 from dtq.store import Store
 from dtq.worker.observer import TaskFinished, TaskSkipped, WorkerObserver
-from dtq.worker.outage import TRANSIENT, RedisOutage
+from dtq.worker.outage import NOT_RUN, TRANSIENT, RedisOutage
 
 __all__ = ["FINISH_BATCH_MAX", "Finisher", "attempt_result"]
 
@@ -41,10 +42,11 @@ HISTORY_LOOKBACK = 10  # history entries read to find what a finish whose reply 
 class Finisher:
     """The finish pipeline of one worker, and its counts.
 
-    A connection failure is retried with backoff for up to ``retry_budget_s``; after that each
-    call's reply is the error, and the entry stays pending for the reaper of some worker. The
-    failures go to the process's :class:`~dtq.worker.outage.RedisOutage`; a batch given up is
-    one line, with its task ids.
+    A connection failure is retried with backoff for up to ``retry_budget_s``, and so are the
+    calls a Redis Cluster did not run (:data:`~dtq.worker.outage.NOT_RUN`, during a failover);
+    after that each such call's reply is the error, and the entry stays pending for the reaper
+    of some worker. The failures go to the process's :class:`~dtq.worker.outage.RedisOutage`;
+    a batch given up is one line, with its task ids.
     """
 
     def __init__(
@@ -224,24 +226,41 @@ class Finisher:
         started = time.monotonic()
         deadline = started + self._retry_budget_s
         delay_s = 0.05
+        replies: list[FinishReply | Exception] | None = None  # once a send was answered
+        todo: list[int] = []  # then: the calls the cluster did not run, to send again
         while True:
             try:
-                replies = await calls.finish_many(self._store, batch)
+                sending = [batch[i] for i in todo] if replies is not None else batch
+                got = await calls.finish_many(self._store, sending)
             except TRANSIENT as exc:
                 resent = True
-                self._outage.failed("finish", exc)
-                if time.monotonic() + delay_s > deadline:
-                    # Told, with the ids, in the outage reporter's next line (one a second).
-                    self._outage.unrecorded(list(task_ids))
-                    return [exc] * len(batch), False
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 2.0)
+                failure: Exception = exc
             except Exception as exc:  # a bug: every caller gets it, the loop goes on
                 log.exception("finish pipeline failed")
                 return [exc] * len(batch), False
             else:
-                self._outage.ok("finish")
+                if replies is None:
+                    replies = got
+                else:
+                    for i, reply in zip(todo, got, strict=True):
+                        replies[i] = reply
+                todo = [i for i, reply in enumerate(replies) if isinstance(reply, NOT_RUN)]
+                if not todo:
+                    self._outage.ok("finish")
+                    return replies, resent
+                failure = cast(Exception, replies[todo[0]])
+            self._outage.failed("finish", failure)
+            if time.monotonic() + delay_s > deadline:
+                # Told, with the ids, in the outage reporter's next line (one a second).
+                if replies is None:
+                    self._outage.unrecorded(list(task_ids))
+                    return [failure] * len(batch), False
+                self._outage.unrecorded([task_ids[i] for i in todo])
+                for i in todo:
+                    replies[i] = failure
                 return replies, resent
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 2.0)
 
 
 def _completed_by_start(start: StartReply) -> str | None:

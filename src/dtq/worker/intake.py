@@ -201,6 +201,8 @@ class Intake:
         for stream, rows in zip(streams, await pipe.execute(raise_on_error=False), strict=True):
             if isinstance(rows, ResponseError):
                 continue  # no group: nothing was delivered from this stream
+            if isinstance(rows, Exception):  # a cluster pipeline's lost node is a reply
+                raise rows
             unknown += [
                 (stream, str(row["message_id"]))
                 for row in rows
@@ -413,6 +415,8 @@ class Intake:
                 if "NOGROUP" not in str(rows):
                     raise rows
                 await self.store.ensure_groups(keys.stream_queue(stream)[0])
+            elif isinstance(rows, Exception):  # a cluster pipeline's lost node is a reply
+                raise rows
             elif rows:
                 out.append((stream, None if len(rows) >= page else len(rows)))
         return out

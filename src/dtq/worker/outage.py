@@ -2,8 +2,9 @@
 
 Every loop of a worker (poll, reaper, cancel watcher, scheduler, finisher, and the heartbeat on
 its own thread) tells the process's :class:`RedisOutage` when a Redis call failed for a
-transient reason (:data:`TRANSIENT`: connection refused or lost, a timeout) with
-:meth:`~RedisOutage.failed`, and when one succeeded with :meth:`~RedisOutage.ok`. Instead of one
+transient reason (:data:`TRANSIENT`: connection refused or lost, a timeout, a cluster that
+refuses commands during a failover) with :meth:`~RedisOutage.failed`, and when one succeeded
+with :meth:`~RedisOutage.ok`. Instead of one
 line per failing loop iteration (10 to 20 lines a second per worker in a one-second outage), the
 log gets:
 
@@ -35,18 +36,25 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from redis.exceptions import ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["TRANSIENT", "RedisOutage"]
+__all__ = ["NOT_RUN", "TRANSIENT", "RedisOutage"]
 
 log = logging.getLogger(__name__)
 
 IDS_TOLD = 20  # task ids named for the finishes not recorded since the last line
 
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+NOT_RUN = (ClusterDownError, TryAgainError)
+"""A Redis Cluster's replies that it did not run a command, for now: CLUSTERDOWN while a failover
+is under way (every node refuses every command until a replica serves the dead primary's
+slots), TRYAGAIN during a slot migration. Sending the command again is safe."""
+
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError, *NOT_RUN)
 """Errors that mean "Redis did not answer" (redis-py's BusyLoadingError, while a restarted Redis
-loads its data, is a ConnectionError): the loops retry them and this class reports them."""
+loads its data, is a ConnectionError) or did not run the command for now (:data:`NOT_RUN`):
+the loops retry them and this class reports them."""
 
 
 class RedisOutage:
