@@ -7,20 +7,25 @@ across queues and the audit log (docs/redis-schema.md, "Events" and "The cluster
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis as sync_redis
 from redis.asyncio import RedisCluster
+from redis.exceptions import RedisError
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
 from dtq import connect, keys
 from dtq.api.deps import ApiState
-from dtq.api.ws import EventHub
+from dtq.api.ws import EventFilter, EventHub
 from dtq.config import Settings
+from dtq.devcluster import start_cluster
+from dtq.errors import RedisUnavailableError
 from support import running_worker, wait_until
 from support.api import API_KEY, ApiServer, api_server, api_settings, running_api
 from support.events import Events
@@ -176,13 +181,17 @@ async def test_metrics_queues_and_operator_reads_across_primaries(csettings: Set
         submitted = [await api.submit(queue=QUEUES[i % 6], payload={"i": i}) for i in range(12)]
         delayed = [await api.submit(queue=name, delay_seconds=3600) for name in QUEUES[:3]]
         dead = await api.submit(task_type="api_fail", queue="q4", max_attempts=1)
-        async with running_worker(csettings, queues=("q4",)):
+        async with running_worker(csettings, queues=("q4",)) as worker:
 
             async def dead_lettered() -> bool:
                 resp = await http.get(f"/api/v1/tasks/{dead['task_id']}")
                 return bool(resp.json()["status"] == "dead_lettered")
 
             await wait_until(dead_lettered, 15, "the failing task dead-lettered")
+            workers = (await http.get("/api/v1/workers")).json()["workers"]
+            assert [w["worker_id"] for w in workers] == [worker.worker_id]
+            one_worker = (await http.get(f"/api/v1/workers/{worker.worker_id}")).json()
+            assert one_worker["queues"] == ["q4"]
         # The first scrape already counts every queue's schedule and dead letters.
         text = (await http.get("/metrics")).text
         assert gauge(text, "dtq_retry_scheduled") == 3
@@ -213,6 +222,8 @@ async def test_metrics_queues_and_operator_reads_across_primaries(csettings: Set
         assert {t["queue"] for t in in_q2} == {"q2"} and len(in_q2) == 3
         dlq = (await http.get("/api/v1/dlq")).json()
         assert [d["task_id"] for d in dlq["dead_letters"]] == [dead["task_id"]]
+        letter = (await http.get(f"/api/v1/dlq/{dead['task_id']}")).json()
+        assert letter["task_id"] == dead["task_id"] and letter["queue"] == "q4"
 
         # Operator actions on queues of different primaries, then the audit across them.
         headers = {"X-API-Key": API_KEY}
@@ -231,5 +242,41 @@ async def test_metrics_queues_and_operator_reads_across_primaries(csettings: Set
         assert gauge(text, "dtq_dlq_depth") == 0
         assert gauge(text, "dtq_queue_depth", "q4") == 1
         assert (await http.get("/api/v1/queues/q1")).json()["paused"] is True
-        workers = (await http.get("/api/v1/workers")).json()
-        assert isinstance(workers["workers"], list)
+
+
+async def test_the_hub_follows_a_failover_of_the_primary_it_listens_on(tmp_path: Path) -> None:
+    """SIGKILL the primary that serves ``dtq:events``' slot and a queue's shard channel: once
+    its replica took over, events of tasks submitted after that reach the hub again, with no
+    restart (pub/sub keeps nothing: the events of the outage itself may be lost)."""
+    with start_cluster(tmp_path / "cluster", node_timeout_ms=1000) as cluster:
+        csettings = api_settings(Settings(redis_url=cluster.url, redis_cluster=True))
+        q = await connect(settings=csettings)
+        listener = await connect(settings=csettings)  # the hub's client sends nothing else
+        hub = EventHub(listener.redis, refresh_s=0.2)
+        try:
+            rc = q.redis
+            assert isinstance(rc, RedisCluster)
+            victim = node_of(rc, keys.EVENTS)
+            queue = next(f"q{i}" for i in range(100) if node_of(rc, keys.events(f"q{i}")) == victim)
+            await q.submit("api_echo", {}, queue=queue)  # registers the queue
+            await hub.start()
+            sub = hub.add(EventFilter())
+            if keys.sharded_events():
+                await hub.follow([queue])
+            cluster.kill(int(victim.rsplit(":", 1)[1]))
+            await asyncio.to_thread(cluster.wait_healthy, 20)
+            after: set[str] = set()
+
+            async def an_event_arrives() -> bool:
+                with contextlib.suppress(RedisError, RedisUnavailableError):
+                    after.add((await q.submit("api_echo", {}, queue=queue)).task_id)
+                seen = {json.loads(raw)["task_id"] for raw, _ in sub.buffer}
+                return bool(after & seen)
+
+            await wait_until(an_event_arrives, 20, "an event after the failover")
+            assert isinstance(listener.redis, RedisCluster)
+            assert node_of(listener.redis, keys.EVENTS) != victim  # its replica serves it now
+        finally:
+            await hub.stop()
+            await listener.close()
+            await q.close()

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from fastapi import WebSocket, WebSocketDisconnect
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterPubSub
 from redis.exceptions import RedisError
@@ -259,6 +259,7 @@ class EventHub:
                 log.warning("event subscription lost (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 self._delay = min(delay * 2, _RECONNECT_MAX_S)
+                await _refresh_slots(self.redis)
             finally:
                 self._channels = set()
                 with contextlib.suppress(RedisError, OSError):
@@ -310,6 +311,15 @@ class EventHub:
             for reader in readers:
                 reader.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def _refresh_slots(redis: Redis) -> None:
+    """On a cluster, read the slot table again before subscribing again: the node that was
+    lost may have been replaced by a failover, and a subscription asks no command that would
+    have told the client (as a MOVED reply does)."""
+    if isinstance(redis, RedisCluster):
+        with contextlib.suppress(RedisError, OSError):
+            await redis.nodes_manager.initialize()
 
 
 async def serve_client(ws: WebSocket, hub: EventHub, params: Iterable[tuple[str, str]]) -> None:
