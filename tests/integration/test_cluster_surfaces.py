@@ -109,7 +109,8 @@ async def test_websocket_events_of_queues_on_every_primary(
             await q.submit("api_echo", {"seed": True}, queue=name, delay_seconds=3600)
         async with (
             api_server(csettings) as srv,
-            Events(rc) as classic,
+            Events(rc, queues=()) as classic,  # dtq:events alone
+            Events(rc, queues=(*QUEUES, "fresh")) as collected,
             ws_connect(f"ws://127.0.0.1:{srv.port}/ws/events") as every,
             ws_connect(f"ws://127.0.0.1:{srv.port}/ws/events?queue=fresh") as fresh_only,
         ):
@@ -133,6 +134,9 @@ async def test_websocket_events_of_queues_on_every_primary(
             assert [e["type"] for e in seen_fresh] == list(TASK_EVENTS)
             assert hub_of(srv).stats.events >= len(seen)
             await classic.sync()
+            await collected.sync()
+        for t in (*tasks, fresh):  # the tests' collector follows the queues it is told
+            assert [e.type for e in collected.items if e.task_id == t.task_id] == list(TASK_EVENTS)
         # Sharded: the classic channel carries the worker events only; else every event.
         task_events = {e.task_id for e in classic.items if e.type.startswith("TASK_")}
         assert task_events & ids == (set() if sharded else ids)
