@@ -109,32 +109,34 @@ async def test_websocket_events_of_queues_on_every_primary(
             await q.submit("api_echo", {"seed": True}, queue=name, delay_seconds=3600)
         async with (
             api_server(csettings) as srv,
-            Events(rc, queues=()) as classic,  # dtq:events alone
-            Events(rc, queues=(*QUEUES, "fresh")) as collected,
             ws_connect(f"ws://127.0.0.1:{srv.port}/ws/events") as every,
             ws_connect(f"ws://127.0.0.1:{srv.port}/ws/events?queue=fresh") as fresh_only,
         ):
-            if sharded:
+            if sharded:  # the hub's subscriptions (the only subscriber so far)
                 on_nodes = shard_channels(rc)
                 for name in (*QUEUES, "default", "fresh"):
                     where = node_of(rc, keys.events(name))
                     assert keys.events(name) in on_nodes[where], (name, on_nodes)
                 assert len([p for p, chans in on_nodes.items() if chans]) >= 2
-            tasks = [await q.submit("api_echo", {"i": i}, queue=QUEUES[i % 6]) for i in range(12)]
-            # A queue not registered yet: the filtered client asked the hub for it at connect.
-            fresh = await q.submit("api_echo", {"fresh": True}, queue="fresh")
-            async with running_worker(csettings, queues=(*QUEUES, "fresh"), concurrency=4):
-                ids = {t.task_id for t in tasks} | {fresh.task_id}
-                seen = await recv_until(every, succeeded(ids - {fresh.task_id}))
-                seen_fresh = await recv_until(fresh_only, succeeded({fresh.task_id}))
+            async with (
+                Events(rc, queues=()) as classic,  # dtq:events alone
+                Events(rc, queues=(*QUEUES, "fresh")) as collected,
+            ):
+                tasks = [
+                    await q.submit("api_echo", {"i": i}, queue=QUEUES[i % 6]) for i in range(12)
+                ]
+                # A queue not registered yet: the filtered client asked the hub for it.
+                fresh = await q.submit("api_echo", {"fresh": True}, queue="fresh")
+                async with running_worker(csettings, queues=(*QUEUES, "fresh"), concurrency=4):
+                    ids = {t.task_id for t in tasks} | {fresh.task_id}
+                    seen = await recv_until(every, succeeded(ids - {fresh.task_id}))
+                    seen_fresh = await recv_until(fresh_only, succeeded({fresh.task_id}))
             for t in tasks:
                 mine = [e["type"] for e in seen if e["task_id"] == t.task_id]
                 assert mine == list(TASK_EVENTS), (t.queue, mine)
                 assert all(e["queue"] == t.queue for e in seen if e["task_id"] == t.task_id)
             assert [e["type"] for e in seen_fresh] == list(TASK_EVENTS)
             assert hub_of(srv).stats.events >= len(seen)
-            await classic.sync()
-            await collected.sync()
         for t in (*tasks, fresh):  # the tests' collector follows the queues it is told
             assert [e.type for e in collected.items if e.task_id == t.task_id] == list(TASK_EVENTS)
         # Sharded: the classic channel carries the worker events only; else every event.
@@ -266,7 +268,12 @@ async def test_the_hub_follows_a_failover_of_the_primary_it_listens_on(tmp_path:
             await hub.start()
             sub = hub.add(EventFilter())
             if keys.sharded_events():
-                await hub.follow([queue])
+                channel = keys.events(queue)
+
+                async def followed() -> bool:
+                    return channel in shard_channels(rc)[victim]
+
+                await wait_until(followed, 5, "the hub subscribed to the queue's channel")
             cluster.kill(int(victim.rsplit(":", 1)[1]))
             await asyncio.to_thread(cluster.wait_healthy, 20)
             after: set[str] = set()

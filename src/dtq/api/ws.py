@@ -64,6 +64,7 @@ CLOSE_POLICY = 1008  # bad filter
 _RECONNECT_MAX_S = 5.0
 QUEUE_REFRESH_S = 1.0  # sharded events: how often dtq:queues is read for new queues
 _FOLLOW_WAIT_S = 5.0  # how long a client's handshake waits for its queues' subscriptions
+_FOLLOW_MAX = 100  # a filter naming more queues waits for them to be registered
 DEFAULT_QUEUE = "default"
 
 
@@ -170,7 +171,6 @@ class EventHub:
         self.stats = HubStats()
         self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
-        self._asked: set[str] = set()  # queues clients' filters named (sharded events)
         self._channels: set[str] = set()  # shard channels of the current subscription
         self._wake = asyncio.Event()
         self._followed = asyncio.Condition()
@@ -205,15 +205,16 @@ class EventHub:
         self.stats.dropped += sub.dropped
         sub.dropped = 0
 
-    async def follow(self, queues: Iterable[str]) -> None:
-        """With sharded events, subscribe to ``queues``' shard channels now if the hub has not
-        (a queue not registered yet), waiting up to ``_FOLLOW_WAIT_S`` for it; else nothing."""
-        if not keys.sharded_events():
+    async def follow(self, sub: Subscriber) -> None:
+        """With sharded events, subscribe now to the shard channels of the queues ``sub``'s
+        filter names (at most ``_FOLLOW_MAX``), if the hub has not (a queue not registered
+        yet), waiting up to ``_FOLLOW_WAIT_S`` for it; else nothing."""
+        queues = sub.filter.queues
+        if not keys.sharded_events() or not queues or len(queues) > _FOLLOW_MAX:
             return
         wanted = {keys.events(q) for q in queues}
         if wanted <= self._channels:
             return
-        self._asked.update(queues)
         self._wake.set()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_FOLLOW_WAIT_S), self._followed:
@@ -273,10 +274,20 @@ class EventHub:
                 data = msg["data"]
                 self.publish_local(data if isinstance(data, str) else data.decode())
 
+    def _asked(self) -> set[str]:
+        """The queues the filters of connected clients name (each filter up to _FOLLOW_MAX)."""
+        asked: set[str] = set()
+        for sub in self.subscribers:
+            if len(sub.filter.queues) <= _FOLLOW_MAX:
+                asked.update(sub.filter.queues)
+        return asked
+
     async def _run_sharded(self, pubsub: ClusterPubSub) -> None:
         """The classic channel's reader, and one reader per node of the shard channels of the
         registered queues and of the queues clients asked for, subscribed again every
-        ``refresh_s`` (or at once when a client asks) for the queues that are new."""
+        ``refresh_s`` (or at once when a client asks) for the queues that are new. A channel
+        stays subscribed until the subscription is made again (after a lost connection): a
+        removed queue's costs the server one entry of its subscription table."""
         readers: list[asyncio.Task[None]] = []
         nodes: set[str] = set()
 
@@ -289,7 +300,7 @@ class EventHub:
         try:
             while True:
                 registered = cast(set[str], await self.redis.smembers(keys.QUEUES))
-                queues = {*registered, *self._asked, DEFAULT_QUEUE}
+                queues = {*registered, *self._asked(), DEFAULT_QUEUE}
                 new = [c for c in sorted(map(keys.events, queues)) if c not in self._channels]
                 if new:
                     await pubsub.ssubscribe(*new)
@@ -335,12 +346,11 @@ async def serve_client(ws: WebSocket, hub: EventHub, params: Iterable[tuple[str,
         return
     # Subscribed before the handshake completes: once the client sees the connection open,
     # it misses no event published after that.
-    if flt.queues:
-        await hub.follow(flt.queues)
     sub = hub.add(flt)
     pump: asyncio.Task[None] | None = None
     listen: asyncio.Task[None] | None = None
     try:
+        await hub.follow(sub)
         await ws.accept(headers=headers)
         pump = asyncio.create_task(_pump(ws, sub))
         listen = asyncio.create_task(_until_disconnect(ws))
