@@ -183,12 +183,17 @@ async def choose_events(redis: Redis) -> None:
     """In the cluster layout, decide once per process (at connect) whether events go by
     sharded pub/sub: when the server has it (``redis_version`` 7.0 or later), a queue's events
     are SPUBLISHed to its shard channel (:func:`dtq.keys.events`). One node answers for the
-    cluster, whose nodes run one version. Nothing to ask in the flat layout: ``dtq:events``."""
+    cluster, whose nodes run one version. A server that refuses INFO (renamed or disabled, as
+    on some managed services) gets the classic channel, which every cluster delivers. Nothing
+    to ask in the flat layout: ``dtq:events``."""
     if not keys.cluster_layout():
         return
-    info = await redis.execute_command(  # type: ignore[no-untyped-call]
-        "INFO", "server", target_nodes=RedisCluster.RANDOM
-    )
+    try:
+        info = await redis.execute_command(  # type: ignore[no-untyped-call]
+            "INFO", "server", target_nodes=RedisCluster.RANDOM
+        )
+    except ResponseError:
+        info = {}
     version = str(info.get("redis_version", "0"))
     major = int(version.split(".", 1)[0]) if version.split(".", 1)[0].isdigit() else 0
     keys.use_sharded_events(major >= SHARDED_PUBSUB_SINCE)

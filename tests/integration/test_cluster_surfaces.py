@@ -291,3 +291,30 @@ async def test_the_hub_follows_a_failover_of_the_primary_it_listens_on(tmp_path:
             await hub.stop()
             await listener.close()
             await q.close()
+
+
+async def test_a_server_that_refuses_info_gets_the_classic_channel(
+    csettings: Settings, rc: RedisCluster
+) -> None:
+    """INFO denied (by an ACL here; renamed on some managed services): events stay on
+    ``dtq:events``, which every cluster delivers, and still arrive."""
+    nodes = rc.get_nodes()
+    for node in nodes:
+        with sync_redis.Redis(host=node.host, port=node.port) as one:
+            one.execute_command(
+                "ACL", "SETUSER", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info"
+            )
+    try:
+        url = csettings.redis_url.replace("redis://", "redis://noinfo:pw@")
+        q = await connect(settings=csettings.model_copy(update={"redis_url": url}))
+        try:
+            assert not keys.sharded_events()
+            async with Events(rc, queues=()) as classic:
+                t = await q.submit("api_echo", {}, queue="q1")
+                await classic.wait_for("TASK_QUEUED", t.task_id)
+        finally:
+            await q.close()
+    finally:
+        for node in nodes:
+            with sync_redis.Redis(host=node.host, port=node.port) as one:
+                one.execute_command("ACL", "DELUSER", "noinfo")
