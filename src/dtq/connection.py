@@ -176,7 +176,7 @@ def async_client(
     return use_hiredis_packing(Redis.from_url(settings.redis_url, **options))
 
 
-SHARDED_PUBSUB_SINCE = 7  # Redis 7.0 (and Valkey, which reports redis_version 7.2.4 and later)
+_SHARDED_PUBSUB_SINCE = 7  # Redis 7.0; Valkey reports redis_version 7.2.4 (and has it)
 
 
 async def choose_events(redis: Redis) -> None:
@@ -194,9 +194,8 @@ async def choose_events(redis: Redis) -> None:
         )
     except ResponseError:
         info = {}
-    version = str(info.get("redis_version", "0"))
-    major = int(version.split(".", 1)[0]) if version.split(".", 1)[0].isdigit() else 0
-    keys.use_sharded_events(major >= SHARDED_PUBSUB_SINCE)
+    major = str(info.get("redis_version", "0")).partition(".")[0]
+    keys.use_sharded_events(major.isdigit() and int(major) >= _SHARDED_PUBSUB_SINCE)
 
 
 def sync_client(settings: Settings, *, socket_timeout: float) -> sync_redis.Redis:

@@ -70,7 +70,8 @@ local function emit(channel, event_id, ts, etype, task_id, queue, task_type, att
     task_type = task_type, attempt = tonumber(attempt) or 0,
     worker_id = (worker and worker ~= '') and worker or cjson.null}
   if meta then ev.metadata = meta end
-  redis.call(string.byte(channel, 5) == 123 and 'SPUBLISH' or 'PUBLISH', channel, cjson.encode(ev))
+  local publish = string.byte(channel, 5) == 123 and 'SPUBLISH' or 'PUBLISH'
+  redis.call(publish, channel, cjson.encode(ev))
 end
 
 -- Set the idempotency record's state (contract section 5; DESIGN 11). Only the task the record
