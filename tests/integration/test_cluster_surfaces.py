@@ -2,7 +2,8 @@
 WebSocket events of tasks in queues on different primaries (by sharded pub/sub where the server
 has it, Redis or Valkey 7.0 and later; by the classic ``dtq:events`` on Redis 6.2), the metrics
 gauges, the queue list, the reads the dashboard makes, a task found by id alone, the lists
-across queues and the audit log (docs/redis-schema.md, "Events" and "The cluster layout")."""
+across queues and the audit log; the event hub across a failover of the primary it listens on
+(docs/redis-schema.md, "Events" and "The cluster layout")."""
 
 from __future__ import annotations
 
