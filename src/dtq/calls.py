@@ -219,7 +219,7 @@ def _submit_call(reqs: Sequence[SubmitRequest], ids: Sequence[str], s: Settings)
         s.max_queue_depth,
         s.task_retention_s,
         s.idem_ttl_s,
-        keys.EVENTS,
+        keys.events(reqs[0].queue),
         RECENT_CAP,
         0,  # the number of queues, below
     ]
@@ -555,7 +555,7 @@ async def start_many(
                 keys.CONSUMER_GROUP,
                 s.task_retention_s,
                 s.idem_ttl_s,
-                keys.EVENTS,
+                keys.events(e.queue),
                 new_id(),
                 dlq,
                 s.dlq_maxlen,
@@ -647,7 +647,7 @@ def finish_call(
             s.task_retention_s,
             s.result_retention_s,
             s.idem_ttl_s,
-            keys.EVENTS,
+            keys.events(entry.queue),
             new_id(),
             _flag(s.dlq_enabled),
             s.dlq_maxlen,
@@ -809,7 +809,7 @@ async def promote_many(
                 keys.idempotency(queue, idem),
                 keys.payload(task_id),
             ],
-            [task_id, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, new_id()],
+            [task_id, s.task_retention_s, s.idem_ttl_s, keys.events(queue), new_id()],
         )
         for task_id, (queue, priority, idem) in tasks
     ]
@@ -852,7 +852,7 @@ def _expire_call(
         keys.expiry(queue),
         keys.audit(queue),
     ]
-    argv: list[Any] = [mode, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, *_audit(audit)]
+    argv: list[Any] = [mode, s.task_retention_s, s.idem_ttl_s, keys.events(queue), *_audit(audit)]
     for task_id, where in tasks:
         key_list += [keys.task(task_id), keys.history(task_id), keys.payload(task_id)]
         if where is None:
@@ -944,7 +944,15 @@ async def cancel(
             keys.audit(queue),
             keys.payload(task_id),
         ],
-        [task_id, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, new_id(), reason, *_audit(audit)],
+        [
+            task_id,
+            s.task_retention_s,
+            s.idem_ttl_s,
+            keys.events(queue),
+            new_id(),
+            reason,
+            *_audit(audit),
+        ],
     )
     kind = reply[0]
     if kind == "cancelled":
@@ -1010,7 +1018,7 @@ async def dlq_requeue(
             dlq_entry_id,
             s.task_retention_s,
             s.idem_ttl_s,
-            keys.EVENTS,
+            keys.events(queue),
             new_id(),
             *_audit(audit),
         ],
@@ -1079,7 +1087,7 @@ async def set_paused(db: Backend, queue: str, paused: bool, audit: Audit | None)
             keys.audit(queue),
             *(() if keys.cluster_layout() else (keys.QUEUES,)),
         ],
-        [queue, _flag(paused), keys.EVENTS, new_id(), *_audit(audit)],
+        [queue, _flag(paused), keys.events(queue), new_id(), *_audit(audit)],
     )
     return bool(reply)
 
@@ -1124,7 +1132,7 @@ async def purge_queue(
         keys.audit(queue),
         *keys.queue_streams(queue),
     ]
-    args: list[Any] = [queue, s.task_retention_s, s.idem_ttl_s, keys.EVENTS, *_audit(audit)]
+    args: list[Any] = [queue, s.task_retention_s, s.idem_ttl_s, keys.events(queue), *_audit(audit)]
     for c in candidates:
         call_keys += [
             keys.task(c.task_id),
@@ -1261,7 +1269,7 @@ async def recover_many(
                 one.entry_id,
                 keys.CONSUMER_GROUP,
                 one.worker_id,
-                keys.EVENTS,
+                keys.events(one.queue),
                 new_id(),
                 *(() if flat else (_flag(one.worker_id in alive),)),
             ],

@@ -38,7 +38,7 @@ from dtq import admin
 from dtq.calls import Audit
 from dtq.clock import redis_time_ms
 from dtq.config import Settings, describe_redis, load_settings, redact_url
-from dtq.connection import async_client
+from dtq.connection import async_client, choose_events
 from dtq.errors import ConfigError, DtqError, InvalidTaskError, RedisUnavailableError
 from dtq.keys import CONSUMER_GROUP, queue_streams
 from dtq.models import (
@@ -416,6 +416,7 @@ async def connect(
     )
     try:
         await redis.ping()
+        await choose_events(redis)
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         await redis.aclose()
         where = describe_redis(settings)

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HIREDIS_AVAILABLE",
     "async_client",
+    "choose_events",
     "no_retry",
     "sync_client",
     "use_hiredis_packing",
@@ -173,6 +174,28 @@ def async_client(
     if settings.redis_sentinels:
         return use_hiredis_packing(primary_client(settings, options))
     return use_hiredis_packing(Redis.from_url(settings.redis_url, **options))
+
+
+_SHARDED_PUBSUB_SINCE = 7  # Redis 7.0; Valkey reports redis_version 7.2.4 (and has it)
+
+
+async def choose_events(redis: Redis) -> None:
+    """In the cluster layout, decide once per process (at connect) whether events go by
+    sharded pub/sub: when the server has it (``redis_version`` 7.0 or later), a queue's events
+    are SPUBLISHed to its shard channel (:func:`dtq.keys.events`). One node answers for the
+    cluster, whose nodes run one version. A server that refuses INFO (renamed or disabled, as
+    on some managed services) gets the classic channel, which every cluster delivers. Nothing
+    to ask in the flat layout: ``dtq:events``."""
+    if not keys.cluster_layout():
+        return
+    try:
+        info = await redis.execute_command(  # type: ignore[no-untyped-call]
+            "INFO", "server", target_nodes=RedisCluster.RANDOM
+        )
+    except ResponseError:
+        info = {}
+    major = str(info.get("redis_version", "0")).partition(".")[0]
+    keys.use_sharded_events(major.isdigit() and int(major) >= _SHARDED_PUBSUB_SINCE)
 
 
 def sync_client(settings: Settings, *, socket_timeout: float) -> sync_redis.Redis:

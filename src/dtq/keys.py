@@ -14,7 +14,12 @@ the worker and the API call it when they connect):
   ids are made (:func:`task_id_prefix`) so that those five digits hash to their queue's slot,
   so a task is found from its id alone and still shares its queue's slot. What stays global
   (the queue registry, the scheduler lock, the worker hashes, handler operation records, the
-  events channel) is written by single-key calls of its own.
+  classic events channel) is written by single-key calls of its own.
+
+Events go to ``dtq:events`` (classic pub/sub), except in the cluster layout on a server with
+sharded pub/sub (Redis or Valkey 7.0 and later; :func:`use_sharded_events`): there a task's or
+queue's events go to its queue's shard channel ``dtq:{<queue>}:events``, in the queue's slot
+(:func:`events`), and only the worker events stay on ``dtq:events``.
 
 ``docs/redis-schema.md`` describes each key in both layouts; which keys a script receives is
 in its header (``src/dtq/lua``).
@@ -47,6 +52,7 @@ __all__ = [
     "cancelled",
     "cluster_layout",
     "dead_letter",
+    "events",
     "expiry",
     "history",
     "idempotency",
@@ -60,6 +66,7 @@ __all__ = [
     "retry_claimed",
     "retry_schedule",
     "scopes",
+    "sharded_events",
     "slot",
     "stream",
     "stream_queue",
@@ -68,6 +75,7 @@ __all__ = [
     "task_id_prefix",
     "task_match",
     "use_layout",
+    "use_sharded_events",
     "worker",
 ]
 
@@ -78,7 +86,7 @@ PRIORITIES = tuple(range(9, -1, -1))  # strict order of reading: p9 first
 # Global in both layouts.
 WORKERS = "dtq:workers"
 SCHEDULER_LOCK = "dtq:lock:scheduler"
-EVENTS = "dtq:events"  # pub/sub channel, not a key
+EVENTS = "dtq:events"  # classic pub/sub channel, not a key (and see events())
 QUEUES = "dtq:queues"  # deliberate extension: set of the queue names in use (DESIGN 11)
 
 # The contract's names of the keys the flat layout shares between queues: what outside tools
@@ -95,15 +103,33 @@ EXPIRY = "dtq:expiry"  # deliberate extension (DESIGN 6)
 TASK_MATCH = "dtq:task:*"
 
 _CLUSTER = False
+_SHARDED_EVENTS = False
+_SHARD_CHANNELS: dict[str, str] = {}  # queue -> its shard channel, made once
 SLOTS = 16384
 TAG_DIGITS = 5  # hex digits of a task id that are its keys' hash tag (cluster layout)
 
 
 def use_layout(cluster: bool) -> None:
     """Choose the layout of this process's keys: the cluster one or the flat (contract) one.
-    Every process of one deployment must use the same (``DTQ_REDIS_CLUSTER``)."""
-    global _CLUSTER
+    Every process of one deployment must use the same (``DTQ_REDIS_CLUSTER``). A change of
+    layout also goes back to classic events until :func:`use_sharded_events` says otherwise."""
+    global _CLUSTER, _SHARDED_EVENTS
+    if cluster != _CLUSTER:
+        _SHARDED_EVENTS = False
     _CLUSTER = cluster
+
+
+def use_sharded_events(sharded: bool) -> None:
+    """Whether this process's scripts publish a queue's events on its shard channel (SPUBLISH)
+    and the API's event hub subscribes there (SSUBSCRIBE): only in the cluster layout, where
+    :func:`dtq.connection.choose_events` calls it once per process with what the server has."""
+    global _SHARDED_EVENTS
+    _SHARDED_EVENTS = sharded and _CLUSTER
+
+
+def sharded_events() -> bool:
+    """Whether a queue's events go to its shard channel (:func:`events`)."""
+    return _SHARDED_EVENTS
 
 
 def cluster_layout() -> bool:
@@ -234,6 +260,19 @@ def dead_letter(queue: str) -> str:
 def audit(queue: str) -> str:
     """The audit stream an operation on ``queue`` (or one of its tasks) is recorded in."""
     return _q(queue) + "stream:audit" if _CLUSTER else AUDIT
+
+
+def events(queue: str) -> str:
+    """The pub/sub channel a script publishes ``queue``'s events on: ``dtq:events``, or with
+    sharded events (:func:`use_sharded_events`) the queue's shard channel
+    ``dtq:{<queue>}:events``, in its slot. A script SPUBLISHes to a channel whose name has a
+    hash tag and PUBLISHes to the other (``emit`` in ``lua/_lib.lua``)."""
+    if not _SHARDED_EVENTS:
+        return EVENTS
+    channel = _SHARD_CHANNELS.get(queue)
+    if channel is None:
+        channel = _SHARD_CHANNELS[queue] = _q(queue) + "events"
+    return channel
 
 
 # -- a task's keys ------------------------------------------------------------------------------

@@ -6,20 +6,26 @@ confirmed before the block starts, and :meth:`Events.sync` (also run when the bl
 without an error) waits for everything published before it, so nothing published inside the
 block is missed and an assertion that an event did not happen can fail: it publishes a token on
 a private channel of the same subscription, and Redis delivers a subscriber's messages in the
-order it ran the PUBLISHes."""
+order it ran the PUBLISHes.
+
+With sharded events (a cluster whose server has sharded pub/sub: :func:`dtq.keys.events`) a
+queue's events are on its own shard channel: ``Events(r, queues=[...])`` names the queues to
+follow (``default`` unless told), each SSUBSCRIBEd on its node, and :meth:`Events.sync` also
+SPUBLISHes a token on each of them (a text that is not JSON, which the API's hub ignores)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 
 from dtq import keys
 from support.waiting import wait_until
@@ -62,43 +68,54 @@ class Events:
     """``async with Events(r) as events:``; then ``events.of(type, task_id)``,
     ``await events.wait_for(type, task_id, count)``, ``await events.sync()``."""
 
-    def __init__(self, r: Redis) -> None:
+    def __init__(self, r: Redis, queues: Iterable[str] = ("default",)) -> None:
         self._r = r
         self._sync_channel = f"test:events-sync:{uuid.uuid4().hex}"
+        self._shard_channels = sorted({keys.events(q) for q in queues})
+        self._sharded = keys.sharded_events()
         self.pubsub = r.pubsub()
         self.raw: list[dict[str, Any]] = []
         self.items: list[Event] = []
-        self._synced: dict[str, asyncio.Event] = {}
-        self._reader: asyncio.Task[None] | None = None
+        self._synced: dict[str, tuple[set[str], asyncio.Event]] = {}
+        self._readers: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> Events:
         await self.pubsub.subscribe(keys.EVENTS, self._sync_channel)
         for _ in range(2):
             confirmed = await self.pubsub.get_message(timeout=5.0)
             assert confirmed is not None and confirmed["type"] == "subscribe", confirmed
-        self._reader = asyncio.create_task(self._read())
+        self._readers.append(asyncio.create_task(self._read(self.pubsub)))
+        if self._sharded and self._shard_channels:
+            await self.pubsub.ssubscribe(*self._shard_channels)  # type: ignore[attr-defined]
+            for node_pubsub in self.pubsub.node_pubsub_mapping.values():  # type: ignore[attr-defined]
+                self._readers.append(asyncio.create_task(self._read(node_pubsub)))
+            await self.sync()  # each shard subscription confirmed by its first token
         return self
 
-    async def _read(self) -> None:
+    async def _read(self, pubsub: PubSub) -> None:
         while True:
-            msg = await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-            if msg is None:
+            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if msg is None or msg["type"] not in ("message", "smessage"):
                 continue
-            if _text(msg["channel"]) == self._sync_channel:
-                self._synced[_text(msg["data"])].set()
+            channel, data = _text(msg["channel"]), _text(msg["data"])
+            if channel == self._sync_channel or data.startswith(_TOKEN):
+                pending = self._synced.get(data.removeprefix(_TOKEN))
+                if pending is not None:
+                    pending[0].discard(channel)
+                    if not pending[0]:
+                        pending[1].set()
                 continue
-            self.raw.append(json.loads(msg["data"]))
-            self.items.append(Event.parse(msg["data"]))
+            self.raw.append(json.loads(data))
+            self.items.append(Event.parse(data))
 
     async def __aexit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        assert self._reader is not None
         if t is None:
             await self.sync()
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        for reader in self._readers:
+            reader.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
         await self.pubsub.unsubscribe()
         await self.pubsub.aclose()
 
@@ -121,13 +138,21 @@ class Events:
     async def sync(self, timeout_s: float = 5.0) -> list[dict[str, Any]]:
         """Wait until every event published before this call has arrived; returns ``raw``."""
         token = uuid.uuid4().hex
-        arrived = self._synced[token] = asyncio.Event()
+        shards = self._shard_channels if self._sharded else []
+        channels = {self._sync_channel, *shards}
+        arrived = asyncio.Event()
+        self._synced[token] = (set(channels), arrived)
         try:
             await self._r.publish(self._sync_channel, token)
+            for channel in shards:
+                await self._r.spublish(channel, _TOKEN + token)
             await asyncio.wait_for(arrived.wait(), timeout_s)
         finally:
             del self._synced[token]
         return self.raw
+
+
+_TOKEN = "test-sync:"  # a sync token on a shard channel: not JSON, no event
 
 
 def _text(value: str | bytes) -> str:

@@ -138,3 +138,21 @@ def test_slot_matches_redis_cluster() -> None:
     assert keys.slot("{user1000}.following") == keys.slot("{user1000}.followers")
     assert keys.slot("{}foo") == keys.slot("{}foo")  # an empty tag: the whole key is hashed
     assert keys.slot("a{b}c") == keys.slot("b")
+
+
+def test_events_go_to_a_shard_channel_only_when_sharded_in_the_cluster_layout() -> None:
+    keys.use_sharded_events(True)  # ignored in the flat layout: dtq:events exactly
+    assert keys.events("emails") == keys.EVENTS == "dtq:events"
+    assert not keys.sharded_events()
+    keys.use_layout(True)
+    try:
+        assert keys.events("emails") == keys.EVENTS  # a server without sharded pub/sub
+        keys.use_sharded_events(True)
+        assert keys.events("emails") == "dtq:{emails}:events"
+        assert keys.slot(keys.events("emails")) == keys.slot(keys.stream("emails", 5))
+        assert keys.events("emails") is keys.events("emails")  # made once
+        keys.use_layout(True)  # the same layout again (another client): still sharded
+        assert keys.sharded_events()
+    finally:
+        keys.use_layout(False)
+    assert not keys.sharded_events() and keys.events("emails") == keys.EVENTS

@@ -1,8 +1,13 @@
 """WebSocket event fan-out (contract sections 7, 8): ``/ws/events``.
 
-One Redis pub/sub subscription to ``dtq:events`` per process (:class:`EventHub`) feeds every
-connected client through its own bounded buffer of ``BUFFER_SIZE`` events. The slow-client
-policy, for a client that reads slower than events arrive:
+One Redis pub/sub subscription per process (:class:`EventHub`) feeds every connected client
+through its own bounded buffer of ``BUFFER_SIZE`` events. It subscribes to ``dtq:events``; with
+sharded events (the cluster layout on Redis or Valkey 7.0 and later, :func:`dtq.keys.events`)
+it also SSUBSCRIBEs, on the node that serves each, to the shard channel of every queue in
+``dtq:queues``, read again every ``QUEUE_REFRESH_S`` (a queue's first events, published before
+the hub knew it, can be missed), and at once to the queues a client's ``queue`` filter names
+before that client's handshake completes. The slow-client policy, for a client that reads
+slower than events arrive:
 
 1. while its buffer has room, every matching event is kept, in order;
 2. buffer full, a non-terminal event arrives: that event is dropped;
@@ -27,9 +32,12 @@ import logging
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 from fastapi import WebSocket, WebSocketDisconnect
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterPubSub
 from redis.exceptions import RedisError
 
 from dtq import keys
@@ -39,6 +47,7 @@ from dtq.models import EVENT_TYPES
 __all__ = [
     "BUFFER_SIZE",
     "CLOSE_GRACE_S",
+    "QUEUE_REFRESH_S",
     "EventFilter",
     "EventHub",
     "HubStats",
@@ -53,6 +62,10 @@ CLOSE_GRACE_S = 5.0
 CLOSE_SLOW = 1013  # "try again later": the client could not keep up
 CLOSE_POLICY = 1008  # bad filter
 _RECONNECT_MAX_S = 5.0
+QUEUE_REFRESH_S = 1.0  # sharded events: how often dtq:queues is read for new queues
+_FOLLOW_WAIT_S = 5.0  # how long a client's handshake waits for its queues' subscriptions
+_FOLLOW_MAX = 100  # a filter naming more queues waits for them to be registered
+DEFAULT_QUEUE = "default"
 
 
 @dataclass(frozen=True)
@@ -148,14 +161,24 @@ class HubStats:
 
 
 class EventHub:
-    """The process's one subscription to ``dtq:events``, fanned out to subscribers."""
+    """The process's one subscription to the events (``dtq:events``, and with sharded events
+    every queue's shard channel), fanned out to subscribers."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, *, refresh_s: float = QUEUE_REFRESH_S) -> None:
         self.redis = redis
+        self.refresh_s = refresh_s
         self.subscribers: set[Subscriber] = set()
         self.stats = HubStats()
         self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
+        self._channels: set[str] = set()  # shard channels of the current subscription
+        self._wake = asyncio.Event()
+        self._followed = asyncio.Condition()
+        self._delay = 0.1  # before the next attempt to subscribe again
+
+    def _on_subscribed(self) -> None:
+        self._subscribed.set()
+        self._delay = 0.1
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="dtq-event-hub")
@@ -182,13 +205,28 @@ class EventHub:
         self.stats.dropped += sub.dropped
         sub.dropped = 0
 
+    async def follow(self, sub: Subscriber) -> None:
+        """With sharded events, subscribe now to the shard channels of the queues ``sub``'s
+        filter names (at most ``_FOLLOW_MAX``), if the hub has not (a queue not registered
+        yet), waiting up to ``_FOLLOW_WAIT_S`` for it; else nothing."""
+        queues = sub.filter.queues
+        if not keys.sharded_events() or not queues or len(queues) > _FOLLOW_MAX:
+            return
+        wanted = {keys.events(q) for q in queues}
+        if wanted <= self._channels:
+            return
+        self._wake.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_FOLLOW_WAIT_S), self._followed:
+                await self._followed.wait_for(lambda: wanted <= self._channels)
+
     def publish_local(self, raw: str) -> None:
         """Hand one raw event to every matching subscriber (the reader calls this)."""
         try:
             ev = json.loads(raw)
             etype = str(ev["type"])
         except (ValueError, KeyError, TypeError):
-            log.debug("ignoring a malformed event on %s", keys.EVENTS)
+            log.debug("ignoring a malformed event")
             return
         self.stats.events += 1
         terminal = etype in TERMINAL_EVENTS
@@ -207,25 +245,92 @@ class EventHub:
         self.stats.clients = len(self.subscribers)
 
     async def _run(self) -> None:
-        delay = 0.1
         while True:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(keys.EVENTS)
-                self._subscribed.set()
-                delay = 0.1
-                while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if msg is not None and msg.get("type") == "message":
-                        data = msg["data"]
-                        self.publish_local(data if isinstance(data, str) else data.decode())
+                if keys.sharded_events():
+                    assert isinstance(pubsub, ClusterPubSub)  # sharded events: cluster layout
+                    await self._run_sharded(pubsub)
+                else:
+                    self._on_subscribed()
+                    await self._read(pubsub)
             except (RedisError, OSError) as exc:
+                delay = self._delay
                 log.warning("event subscription lost (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, _RECONNECT_MAX_S)
+                self._delay = min(delay * 2, _RECONNECT_MAX_S)
+                await _refresh_slots(self.redis)
             finally:
+                self._channels = set()
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _read(self, pubsub: PubSub) -> None:
+        """Hand every message of one connection's subscriptions on, until it fails."""
+        while True:
+            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if msg is not None and msg.get("type") in ("message", "smessage"):
+                data = msg["data"]
+                self.publish_local(data if isinstance(data, str) else data.decode())
+
+    def _asked(self) -> set[str]:
+        """The queues the filters of connected clients name (each filter up to _FOLLOW_MAX)."""
+        asked: set[str] = set()
+        for sub in self.subscribers:
+            if len(sub.filter.queues) <= _FOLLOW_MAX:
+                asked.update(sub.filter.queues)
+        return asked
+
+    async def _run_sharded(self, pubsub: ClusterPubSub) -> None:
+        """The classic channel's reader, and one reader per node of the shard channels of the
+        registered queues and of the queues clients asked for, subscribed again every
+        ``refresh_s`` (or at once when a client asks) for the queues that are new. A channel
+        stays subscribed until the subscription is made again (after a lost connection): a
+        removed queue's costs the server one entry of its subscription table."""
+        readers: list[asyncio.Task[None]] = []
+        nodes: set[str] = set()
+
+        def read(source: PubSub) -> None:
+            reader = asyncio.create_task(self._read(source))
+            reader.add_done_callback(lambda _: self._wake.set())
+            readers.append(reader)
+
+        read(pubsub)
+        try:
+            while True:
+                registered = cast(set[str], await self.redis.smembers(keys.QUEUES))
+                queues = {*registered, *self._asked(), DEFAULT_QUEUE}
+                new = [c for c in sorted(map(keys.events, queues)) if c not in self._channels]
+                if new:
+                    await pubsub.ssubscribe(*new)
+                    self._channels.update(new)
+                for name, node_pubsub in pubsub.node_pubsub_mapping.items():
+                    if name not in nodes:
+                        nodes.add(name)
+                        read(node_pubsub)
+                self._on_subscribed()
+                async with self._followed:
+                    self._followed.notify_all()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.refresh_s)
+                self._wake.clear()
+                for reader in readers:
+                    if reader.done():
+                        reader.result()  # its error ends this subscription
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def _refresh_slots(redis: Redis) -> None:
+    """On a cluster, read the slot table again before subscribing again: the node that was
+    lost may have been replaced by a failover, and a subscription asks no command that would
+    have told the client (as a MOVED reply does)."""
+    if isinstance(redis, RedisCluster):
+        with contextlib.suppress(RedisError, OSError):
+            await redis.nodes_manager.initialize()
 
 
 async def serve_client(ws: WebSocket, hub: EventHub, params: Iterable[tuple[str, str]]) -> None:
@@ -245,6 +350,7 @@ async def serve_client(ws: WebSocket, hub: EventHub, params: Iterable[tuple[str,
     pump: asyncio.Task[None] | None = None
     listen: asyncio.Task[None] | None = None
     try:
+        await hub.follow(sub)
         await ws.accept(headers=headers)
         pump = asyncio.create_task(_pump(ws, sub))
         listen = asyncio.create_task(_until_disconnect(ws))

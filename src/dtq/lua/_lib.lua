@@ -61,13 +61,17 @@ local function hist(key, retention_s, ts, from, to, attempt, worker, reason, ext
   hist_push(key, retention_s, cjson.encode(e))
 end
 
--- Publish one event of contract section 8 on the events channel.
+-- Publish one event of contract section 8 on `channel` (dtq.keys.events): the classic
+-- dtq:events with PUBLISH, or a queue's shard channel dtq:{<queue>}:events, in the script's
+-- slot, with SPUBLISH (sharded pub/sub, cluster layout). A '{' as the name's fifth byte says
+-- which: no redis.call to find out.
 local function emit(channel, event_id, ts, etype, task_id, queue, task_type, attempt, worker, meta)
   local ev = {event_id = event_id, ts = ts, type = etype, task_id = task_id, queue = queue,
     task_type = task_type, attempt = tonumber(attempt) or 0,
     worker_id = (worker and worker ~= '') and worker or cjson.null}
   if meta then ev.metadata = meta end
-  redis.call('PUBLISH', channel, cjson.encode(ev))
+  local publish = string.byte(channel, 5) == 123 and 'SPUBLISH' or 'PUBLISH'
+  redis.call(publish, channel, cjson.encode(ev))
 end
 
 -- Set the idempotency record's state (contract section 5; DESIGN 11). Only the task the record

@@ -55,6 +55,7 @@ local max_depth = tonumber(ARGV[1])
 local retention = tonumber(ARGV[2])
 local idem_ttl = ARGV[3]
 local channel = ARGV[4]
+local publish = string.byte(channel, 5) == 123 and 'SPUBLISH' or 'PUBLISH'  -- as emit in _lib
 local nq = tonumber(ARGV[6])
 local first_task_key = 4 + 10 * nq
 local n = (#ARGV - 7) / 15
@@ -187,7 +188,7 @@ local function submit_one(a, k)
       call('SET', kidem, cjson.encode({task_id = task_id, state = 'failed', updated_at = ts}),
         'EX', idem_ttl)
     end
-    call('PUBLISH', channel, ev_head .. 'TASK_EXPIRED' .. ev_tail ..
+    call(publish, channel, ev_head .. 'TASK_EXPIRED' .. ev_tail ..
       ',"metadata":{"expires_at":"' .. exp_iso .. '","expired_at":"' .. ts .. '"}}')
     return {'new', 'expired', '', now, due, exp_ms}
   end
@@ -205,7 +206,7 @@ local function submit_one(a, k)
   else
     ev = ev .. '}'
   end
-  call('PUBLISH', channel, ev)
+  call(publish, channel, ev)
   return {'new', status, entry_id, now, due, exp_ms or ''}
 end
 

@@ -147,19 +147,15 @@ class RedisGauges:
         window_end = self.clock.now_ms() + self.settings.near_expiration_s * 1000
         queues, workers = sorted(self._queues), sorted(self._workers)
         # The schedule, dead-letter stream and expiry index: one each in the flat layout, one
-        # per queue known so far in the cluster layout (a queue listed since is counted from
-        # the next scrape).
+        # per queue known so far in the cluster layout (a queue listed since is read by
+        # _discover, in this scrape).
         scopes = keys.scopes(queues) if keys.cluster_layout() else [""]
         pipe = redis.pipeline(transaction=False)
         pipe.execute_command("TIME")  # not .time(): a cluster pipeline refuses that name
         pipe.smembers(keys.QUEUES)
         pipe.smembers(keys.WORKERS)
         for scope in scopes:
-            pipe.zcard(keys.retry_schedule(scope))
-            pipe.xlen(keys.dead_letter(scope))
-            pipe.zrangebyscore(
-                keys.expiry(scope), "-inf", window_end, start=0, num=self.expiring_cap
-            )
+            _shared_reads(pipe, scope, window_end, self.expiring_cap)
         for q in queues:
             read_depth(pipe, q)
         _worker_reads(pipe, workers)
@@ -189,7 +185,8 @@ class RedisGauges:
         )
 
     async def _discover(self, redis: Redis, reads: _Reads) -> None:
-        """A second round trip, only for queues, workers or expiring tasks not seen before."""
+        """A second round trip, only for queues, workers or expiring tasks not seen before
+        (in the cluster layout, a new queue's schedule, dead letters and expiry index too)."""
         new_queues = sorted(reads.queues - set(reads.counts))
         new_workers = sorted(reads.workers - set(reads.beats))
         unknown = [t for t in reads.expiring if t not in self._task_queue]
@@ -210,16 +207,28 @@ class RedisGauges:
         _worker_reads(pipe, new_workers)
         for tid in unknown:
             pipe.hget(keys.task(tid), "queue")
+        scopes = keys.scopes(new_queues) if keys.cluster_layout() else []
+        window_end = self.clock.now_ms() + self.settings.near_expiration_s * 1000
+        for scope in scopes:
+            _shared_reads(pipe, scope, window_end, self.expiring_cap)
         more = await _execute(pipe)
         self.round_trips += 1
         split = len(new_queues) * PER_QUEUE
         reads.counts.update(_per_queue(new_queues, more[:split]))
         beats_end = split + 2 * len(new_workers)
         reads.beats.update(_per_worker(new_workers, more[split:beats_end]))
-        queues_of = more[beats_end:]
-        for tid, queue in zip(unknown, queues_of, strict=True):
+        queues_end = beats_end + len(unknown)
+        for tid, queue in zip(unknown, more[beats_end:queues_end], strict=True):
             if queue is not None:
                 self._task_queue[tid] = str(queue)
+        shared = more[queues_end:]
+        reads.scheduled += sum(int(n) for n in shared[0::3])
+        reads.dlq += sum(int(n) for n in shared[1::3])
+        for scope, found in zip(scopes, shared[2::3], strict=True):
+            for t in found:
+                reads.expiring.append(str(t))
+                self._task_queue[str(t)] = scope
+        del reads.expiring[self.expiring_cap :]
 
     def _snapshot_of(self, reads: _Reads) -> _Snapshot:
         snap = _Snapshot(
@@ -293,6 +302,14 @@ PER_QUEUE = DEPTH_READS
 
 def _per_queue(queues: Sequence[str], replies: Sequence[Any]) -> dict[str, list[Any]]:
     return {q: list(replies[i * PER_QUEUE : (i + 1) * PER_QUEUE]) for i, q in enumerate(queues)}
+
+
+def _shared_reads(pipe: Any, scope: str, window_end_ms: int, cap: int) -> None:
+    """The schedule's size, the dead letters and the soonest expiring tasks of one scope
+    (:func:`dtq.keys.scopes`): three replies."""
+    pipe.zcard(keys.retry_schedule(scope))
+    pipe.xlen(keys.dead_letter(scope))
+    pipe.zrangebyscore(keys.expiry(scope), "-inf", window_end_ms, start=0, num=cap)
 
 
 def _worker_reads(pipe: Any, workers: Sequence[str]) -> None:

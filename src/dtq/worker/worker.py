@@ -50,7 +50,7 @@ from redis.asyncio import Redis, RedisCluster
 from dtq import keys
 from dtq.clock import RedisClock
 from dtq.config import Settings
-from dtq.connection import warn_durability
+from dtq.connection import choose_events, warn_durability
 from dtq.errors import ConfigError
 from dtq.records import stale_after_ms, worker_liveness
 from dtq.scripts import OpHook, Scripts
@@ -241,6 +241,7 @@ class Worker:
     async def _prepare(self) -> bool:
         """Connect and set up; False when the worker was stopped before its id was free."""
         await self.redis.ping()
+        await choose_events(self.redis)
         await self.clock.sync(self.redis)
         if not await self._check_id_free():  # before anything is written
             return False
