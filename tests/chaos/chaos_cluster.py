@@ -110,7 +110,7 @@ async def running_cluster(root: Path, name: str) -> AsyncIterator[Run]:
     procs = ClusterProcs(folder, dev)
     keys.use_layout(True)
     try:
-        with EventLog(dev.replicas()[0].url) as events:
+        with EventLog(dev.replicas()[0].url, _shards(dev)) as events:
             r = procs.redis_client()
             try:
                 yield Run(procs, events, r)
@@ -119,6 +119,31 @@ async def running_cluster(root: Path, name: str) -> AsyncIterator[Run]:
     finally:
         procs.close()
         keys.use_layout(False)
+
+
+def _shards(dev: DevCluster) -> list[tuple[str, list[str]]]:
+    """Where the event log follows the queues' shard channels when the server has sharded
+    pub/sub (Redis or Valkey 7 and later: dtq.connection.choose_events): each queue's channel
+    on the replica of the primary that owns its slot (a replica, as a primary may be killed;
+    after the failover the replica is that primary). None on an older server, whose events are
+    all on dtq:events."""
+    replica = dev.replicas()[0]
+    # CLUSTER SLOTS for the owners: Valkey lists a replica there only once it has an offset.
+    with contextlib.closing(sync_redis.Redis.from_url(replica.url)) as client:
+        major = str(client.info("server").get("redis_version", "0")).partition(".")[0]
+        if int(major) < 7:
+            return []
+        ranges = client.execute_command("CLUSTER", "SLOTS")
+    by_primary = {node.primary_port: node for node in dev.replicas()}
+    shards: dict[str, list[str]] = {}
+    for queue in QUEUES:
+        slot = keys.slot("{" + queue + "}")
+        for start, end, primary, *_ in ranges:
+            if int(start) <= slot <= int(end):
+                node = by_primary[int(primary[1])]
+                keys.use_sharded_events(True)
+                shards.setdefault(node.url, []).append(keys.events(queue))
+    return list(shards.items())
 
 
 def queue_specs(n: int, rng: random.Random, *, long_share: float = 0.0) -> list[Spec]:

@@ -328,38 +328,76 @@ class Cluster:
 # -- events -------------------------------------------------------------------------------------
 
 
-class EventLog:
-    """Every message on ``dtq:events`` while open, with its local receive time (ns)."""
+def _readonly(conn: Any) -> None:
+    conn.on_connect()
+    conn.send_command("READONLY")
+    conn.read_response()
 
-    def __init__(self, url: str) -> None:
+
+class EventLog:
+    """Every message on ``dtq:events`` while open, with its local receive time (ns); and, given
+    ``shards`` ((node URL, shard channels) pairs: a cluster whose events are sharded), every
+    message of those channels, each set SSUBSCRIBEd on its node by a thread of its own."""
+
+    def __init__(self, url: str, shards: Sequence[tuple[str, Sequence[str]]] = ()) -> None:
         self.url = url
         self.raw: list[tuple[int, str]] = []
         self.disconnects = 0
         self._stop = threading.Event()
-        self._subscribed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chaos-events", daemon=True)
+        self._subscribed = [threading.Event() for _ in range(1 + len(shards))]
+        self._threads = [
+            threading.Thread(
+                target=self._run, args=(url, (), self._subscribed[0]), name="chaos-events"
+            ),
+            *(
+                threading.Thread(
+                    target=self._run,
+                    args=(node_url, tuple(channels), self._subscribed[i + 1]),
+                    name=f"chaos-events-shard{i}",
+                )
+                for i, (node_url, channels) in enumerate(shards)
+            ),
+        ]
+        for t in self._threads:
+            t.daemon = True
 
     def __enter__(self) -> EventLog:
-        self._thread.start()
-        if not self._subscribed.wait(10):
-            raise AssertionError("could not subscribe to the events channel")
+        for t in self._threads:
+            t.start()
+        for done in self._subscribed:
+            if not done.wait(10):
+                raise AssertionError("could not subscribe to the events channel")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(10)
+        for t in self._threads:
+            t.join(10)
 
-    def _run(self) -> None:
+    def _run(self, url: str, shard_channels: tuple[str, ...], subscribed: threading.Event) -> None:
         while not self._stop.is_set():
-            client = sync_redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=1)
+            client = sync_redis.Redis.from_url(
+                url,
+                socket_timeout=2,
+                socket_connect_timeout=1,
+                # A replica serves SSUBSCRIBE in READONLY mode only (else MOVED to its primary).
+                **({"redis_connect_func": _readonly} if shard_channels else {}),
+            )
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub.subscribe(keys.EVENTS)
+                for channel in shard_channels:  # one by one: an SSUBSCRIBE names one slot
+                    pubsub.ssubscribe(channel)
+                if not shard_channels:
+                    pubsub.subscribe(keys.EVENTS)
                 while not self._stop.is_set():
-                    msg = pubsub.get_message(timeout=0.5)
+                    msg = (
+                        pubsub.get_sharded_message(timeout=0.5)
+                        if shard_channels
+                        else (pubsub.get_message(timeout=0.5))
+                    )
                     if pubsub.subscribed:
-                        self._subscribed.set()
-                    if msg is not None and msg["type"] == "message":
+                        subscribed.set()
+                    if msg is not None and msg["type"] in ("message", "smessage"):
                         self.raw.append((now_ns(), msg["data"].decode()))
             except (sync_redis.RedisError, OSError):
                 self.disconnects += 1
