@@ -169,8 +169,10 @@ class SubmitReply:
 
 
 @functools.lru_cache(maxsize=4096)
-def _queue_streams(queue: str) -> list[str]:
-    """The ten stream keys of a queue (a submit call passes all ten in KEYS), built once."""
+def _queue_streams(queue: str, cluster: bool) -> list[str]:
+    """The ten stream keys of a queue in a layout (a submit call passes all ten in KEYS),
+    built once; the layout is part of the cache key, so a process that changes layout
+    (:func:`dtq.keys.use_layout`, as the test suite does between tests) gets the new names."""
     return keys.queue_streams(queue)
 
 
@@ -248,9 +250,10 @@ def _submit_call(reqs: Sequence[SubmitRequest], ids: Sequence[str], s: Settings)
             new_id(),
         )
     args[5] = len(queues)
-    stream_keys = [k for queue in queues for k in _queue_streams(queue)]
+    cluster = keys.cluster_layout()
+    stream_keys = [k for queue in queues for k in _queue_streams(queue, cluster)]
     task_keys += [keys.queue_last_submit(queue) for queue in queues]  # KEYS[T + 3n + q]
-    if not keys.cluster_layout():  # a cluster batch is one queue's, registered apart
+    if not cluster:  # a cluster batch is one queue's, registered apart
         task_keys.append(keys.QUEUES)
     scope = reqs[0].queue
     return (
