@@ -27,6 +27,8 @@ from dtq.errors import (
 from dtq.models import format_ts, parse_ts
 from support import Events
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 MISSING_ID = "f" * 32
 OPERATOR = Audit(actor="cli:ops@host", request_id="req-1")
 

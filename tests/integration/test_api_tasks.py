@@ -15,7 +15,7 @@ from dtq import keys
 from dtq.config import Settings
 from support.api import Api, api_settings, error_of, running_api
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.backends("single", "cluster")]
 
 
 @pytest.fixture

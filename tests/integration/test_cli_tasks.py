@@ -18,6 +18,8 @@ from dtq_tasks import Handler, TaskContext
 from support import running_worker, wait_until
 from support.cli import MISSING_ID, Cli, fast_settings
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 ACTOR = f"cli:{getpass.getuser()}@{socket.gethostname()}"
 
 

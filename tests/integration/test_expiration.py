@@ -24,6 +24,8 @@ from dtq.worker.scheduler import Scheduler
 from support import Events, wait_until
 from support.scheduler import running
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 WORKER_A = "worker-aaaaaaaa"
 UNSERVED = "nobody-serves-this"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import pytest
 from redis.asyncio import Redis
 
 from dtq import Queue, TaskStatus, keys
@@ -14,6 +15,8 @@ from dtq.config import Settings
 from dtq_tasks import RetryableError, TaskContext
 from support import running_worker
 from support.worker import fast, handlers, past_deadline, wait_status
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 
 async def test_delayed_retried_then_expired_history(

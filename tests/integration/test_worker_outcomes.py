@@ -25,6 +25,8 @@ from dtq_tasks import (
 from support import running_worker, wait_until
 from support.worker import DLQ_FIELDS, fast, finish_as, handlers, read_as, start_as, wait_status
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 
 async def flaky(payload: dict[str, Any], ctx: TaskContext) -> dict[str, int]:
     if ctx.attempt <= payload["fail_times"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 from dtq import Queue, keys
@@ -25,6 +26,8 @@ from support.worker import (
     stream_empty,
     wait_status,
 )
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 
 class Recorder:

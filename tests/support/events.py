@@ -6,7 +6,10 @@ confirmed before the block starts, and :meth:`Events.sync` (also run when the bl
 without an error) waits for everything published before it, so nothing published inside the
 block is missed and an assertion that an event did not happen can fail: it publishes a token on
 a private channel of the same subscription, and Redis delivers a subscriber's messages in the
-order it ran the PUBLISHes."""
+order it ran the PUBLISHes. On a Redis Cluster that order holds per node only (a PUBLISH reaches
+the other nodes over the cluster bus), so the token is published on every primary and awaited
+from each; the block also starts with a sync, so that an event an earlier test published on
+another node, still on its way, is not taken for one of this block's."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from dtq import keys
 from support.waiting import wait_until
@@ -68,7 +71,7 @@ class Events:
         self.pubsub = r.pubsub()
         self.raw: list[dict[str, Any]] = []
         self.items: list[Event] = []
-        self._synced: dict[str, asyncio.Event] = {}
+        self._synced: dict[str, asyncio.Queue[None]] = {}
         self._reader: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Events:
@@ -77,6 +80,9 @@ class Events:
             confirmed = await self.pubsub.get_message(timeout=5.0)
             assert confirmed is not None and confirmed["type"] == "subscribe", confirmed
         self._reader = asyncio.create_task(self._read())
+        await self.sync()
+        self.raw.clear()
+        self.items.clear()
         return self
 
     async def _read(self) -> None:
@@ -85,7 +91,7 @@ class Events:
             if msg is None:
                 continue
             if _text(msg["channel"]) == self._sync_channel:
-                self._synced[_text(msg["data"])].set()
+                self._synced[_text(msg["data"])].put_nowait(None)
                 continue
             self.raw.append(json.loads(msg["data"]))
             self.items.append(Event.parse(msg["data"]))
@@ -121,10 +127,20 @@ class Events:
     async def sync(self, timeout_s: float = 5.0) -> list[dict[str, Any]]:
         """Wait until every event published before this call has arrived; returns ``raw``."""
         token = uuid.uuid4().hex
-        arrived = self._synced[token] = asyncio.Event()
+        arrived = self._synced[token] = asyncio.Queue()
         try:
-            await self._r.publish(self._sync_channel, token)
-            await asyncio.wait_for(arrived.wait(), timeout_s)
+            if isinstance(self._r, RedisCluster):
+                primaries = RedisCluster.PRIMARIES
+                await self._r.execute_command(
+                    "PUBLISH", self._sync_channel, token, target_nodes=primaries
+                )
+                sent = len(self._r.get_primaries())
+            else:
+                await self._r.publish(self._sync_channel, token)
+                sent = 1
+            async with asyncio.timeout(timeout_s):
+                for _ in range(sent):
+                    await arrived.get()
         finally:
             del self._synced[token]
         return self.raw
