@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from dtq import Queue, keys
+from dtq import Queue, calls, keys
 from dtq.config import Settings
 from dtq_tasks import TaskContext
 from support import Events, running_worker, wait_until
@@ -47,7 +47,7 @@ async def test_missing_hash_entry_is_acked_and_deleted(settings: Settings, r: Re
     await r.xadd(
         stream,
         {
-            "task_id": "0" * 32,
+            "task_id": calls.new_task_id("default"),  # no hash; the queue's slot on a cluster
             "queue": "default",
             "task_type": "wt_echo",
             "payload": "{}",
@@ -121,7 +121,7 @@ async def test_cancelled_while_delivered_is_acked_and_never_runs(
     entry = await read_as(r, me)
     cancelled = await queue.cancel(task.task_id)
     assert cancelled.status == "cancelled"
-    assert await r.sismember(keys.CANCELLED, task.task_id)
+    assert await r.sismember(keys.cancelled("default"), task.task_id)
     assert await r.xlen(entry.stream) == 1  # left for its consumer
     rec = Recorder()
     async with running_worker(
@@ -129,7 +129,7 @@ async def test_cancelled_while_delivered_is_acked_and_never_runs(
     ):
         await wait_until(lambda: stream_empty(r, entry.stream), 5, "cancelled entry consumed")
     assert rec.calls == []
-    assert not await r.sismember(keys.CANCELLED, task.task_id)
+    assert not await r.sismember(keys.cancelled("default"), task.task_id)
     assert (await queue.get(task.task_id)).status == "cancelled"
 
 
@@ -198,7 +198,7 @@ async def test_redelivery_past_max_attempts_is_dead_lettered_worker_lost(
         await wait_until(lambda: _has(events, "TASK_DEAD_LETTERED", task.task_id), 5, "ev")
     assert rec.calls == []
     assert h["error_class"] == "WorkerLost"
-    dlq = await r.xrange(keys.DEAD_LETTER)
+    dlq = await r.xrange(keys.dead_letter("default"))
     assert len(dlq) == 1
     dlq_id, fields = dlq[0]
     assert set(fields) == DLQ_FIELDS
@@ -221,7 +221,7 @@ async def test_worker_lost_with_dlq_disabled_is_failed(
     async with running_worker(s, handlers(wt_echo=Recorder())):
         h = await wait_status(r, task.task_id, "failed")
     assert h["error_class"] == "WorkerLost"
-    assert await r.xlen(keys.DEAD_LETTER) == 0
+    assert await r.xlen(keys.dead_letter("default")) == 0
 
 
 async def test_cancel_requested_before_crash_is_cancelled_on_redelivery(
@@ -249,7 +249,7 @@ async def test_expired_entry_is_marked_expired_and_never_runs(
     h = await r.hgetall(keys.task(task.task_id))
     assert h["status"] == "expired" and h["expired_at"]
     assert await stream_empty(r, entry.stream)
-    assert await r.zscore(keys.EXPIRY, task.task_id) is None
+    assert await r.zscore(keys.expiry("default"), task.task_id) is None
     assert json.loads(await r.get(keys.idempotency("default", "k-exp")))["state"] == "failed"
 
     rec = Recorder()
@@ -277,7 +277,7 @@ async def test_start_sets_running_fields_and_removes_expiry_member(
     settings: Settings, r: Redis, queue: Queue
 ) -> None:
     task = await queue.submit("wt_echo", {}, ttl_seconds=60, timeout_ms=1234)
-    assert await r.zscore(keys.EXPIRY, task.task_id) is not None
+    assert await r.zscore(keys.expiry("default"), task.task_id) is not None
     entry = await read_as(r, "worker-aaaaaaaa")
     reply = await start_as(r, entry, "worker-aaaaaaaa", settings)
     assert reply.kind == "run" and reply.attempt == 1 and reply.timeout_ms == 1234
@@ -285,7 +285,9 @@ async def test_start_sets_running_fields_and_removes_expiry_member(
     h = await r.hgetall(keys.task(task.task_id))
     assert h["status"] == "running" and h["attempt"] == "1"
     assert h["worker_id"] == "worker-aaaaaaaa" and h["started_at"]
-    assert await r.zscore(keys.EXPIRY, task.task_id) is None  # a started task never expires
+    assert (
+        await r.zscore(keys.expiry("default"), task.task_id) is None
+    )  # a started task never expires
 
 
 async def test_queued_task_listed_as_cancelled_is_cancelled_at_start(
@@ -293,12 +295,12 @@ async def test_queued_task_listed_as_cancelled_is_cancelled_at_start(
 ) -> None:
     """The safety net of check 4: a QUEUED task in dtq:cancelled is cancelled, not run."""
     task = await queue.submit("wt_echo", {}, idempotency_key="k-net")
-    await r.sadd(keys.CANCELLED, task.task_id)
+    await r.sadd(keys.cancelled("default"), task.task_id)
     entry = await read_as(r, "worker-aaaaaaaa")
     reply = await start_as(r, entry, "worker-aaaaaaaa", settings)
     assert (reply.kind, reply.detail) == ("cancelled", "queued")
     assert (await queue.get(task.task_id)).status == "cancelled"
-    assert not await r.sismember(keys.CANCELLED, task.task_id)
+    assert not await r.sismember(keys.cancelled("default"), task.task_id)
     assert await stream_empty(r, entry.stream)
     assert json.loads(await r.get(keys.idempotency("default", "k-net")))["state"] == "failed"
 
