@@ -10,7 +10,8 @@ A module opts in to both backends with ``pytestmark = pytest.mark.backends("sing
 ``cluster`` the URL is the cluster's, ``settings.redis_cluster`` is set, ``r`` is an initialized
 :class:`redis.asyncio.RedisCluster`, and the process uses the cluster key layout for the test
 (flat again after it). A test of such a module that holds on one backend only says why:
-``@pytest.mark.backends("single", reason="...")``. Every other module runs on ``single``."""
+``@pytest.mark.backends("single", reason="...")``. Every other module runs on ``single``.
+``DTQ_TEST_BACKENDS=single`` (comma separated) keeps a run to the backends it names."""
 
 from __future__ import annotations
 
@@ -62,6 +63,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     own = marker in metafunc.definition.own_markers  # a test's exception to its module's
     if own and set(names) != set(BACKENDS) and not marker.kwargs.get("reason"):
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: say why it runs on {names} only")
+    chosen = os.environ.get("DTQ_TEST_BACKENDS")
+    if chosen:
+        names = tuple(name for name in names if name in chosen.split(","))
     metafunc.parametrize("backend", names, indirect=True)
 
 
