@@ -89,6 +89,7 @@ def test_submit_takes_every_flag_of_the_contract(cli: Cli) -> None:
     assert task["payload"] == {"a": [1, 2]}
 
 
+@pytest.mark.backends("single", reason="where the payload is read from: no backend difference")
 def test_payload_from_a_file_and_from_stdin(cli: Cli, tmp_path: Any) -> None:
     path = tmp_path / "payload.json"
     path.write_text('{"from": "file"}')
@@ -114,6 +115,7 @@ def test_delay_and_schedule_make_a_pending_task(cli: Cli) -> None:
     assert parse(doc["expires_at"]) == until
 
 
+@pytest.mark.backends("single", reason="parsing the --ttl forms: no backend difference")
 @pytest.mark.parametrize(
     ("ttl", "seconds"),
     [("90s", 90), ("30m", 1800), ("1h", 3600), ("7d", 604800), ("1h30m", 5400), ("300", 300)],
@@ -124,6 +126,7 @@ def test_ttl_forms(cli: Cli, ttl: str, seconds: int) -> None:
     assert delta == timedelta(seconds=seconds)
 
 
+@pytest.mark.backends("single", reason="formatting the deadline: no backend difference")
 def test_status_shows_time_left_and_time_since_expiry(cli: Cli) -> None:
     soon = cli.submit("--type", "send_reminder", "--ttl", "2h30m")
     run = cli.ok("status", soon)
@@ -206,6 +209,7 @@ def test_invalid_submit_input_exits_2_and_writes_nothing(
     assert task_count(settings) == 0
 
 
+@pytest.mark.backends("single", reason="a size rule checked before Redis (test_submit: both)")
 def test_payload_too_large_exits_2(cli: Cli, settings: Settings, tmp_path: Any) -> None:
     big = tmp_path / "big.json"
     big.write_text('{"blob": "' + "x" * 262_144 + '"}')  # over the default 262144 bytes
