@@ -42,22 +42,30 @@ class Recorder:
 
 
 async def test_missing_hash_entry_is_acked_and_deleted(settings: Settings, r: Redis) -> None:
+    """Entries of no task: one with an id of the queue (its hash gone), and foreign writes, an
+    id or a queue that is not the stream's (on a cluster, keys of another slot, which no script
+    could serve). Each is consumed once and never run, never retried forever."""
     stream = keys.stream("default", 5)
     await r.xgroup_create(stream, keys.CONSUMER_GROUP, id="0", mkstream=True)
-    await r.xadd(
-        stream,
-        {
-            "task_id": calls.new_task_id("default"),  # no hash; the queue's slot on a cluster
-            "queue": "default",
-            "task_type": "wt_echo",
-            "payload": "{}",
-            "attempt": "1",
-            "max_attempts": "3",
-            "priority": "5",
-            "timeout_ms": "1000",
-            "idempotency_key": "",
-        },
-    )
+    for task_id, queue in (
+        (calls.new_task_id("default"), "default"),
+        ("0" * 32, "default"),
+        (calls.new_task_id("default"), "elsewhere"),
+    ):
+        await r.xadd(
+            stream,
+            {
+                "task_id": task_id,
+                "queue": queue,
+                "task_type": "wt_echo",
+                "payload": "{}",
+                "attempt": "1",
+                "max_attempts": "3",
+                "priority": "5",
+                "timeout_ms": "1000",
+                "idempotency_key": "",
+            },
+        )
     rec = Recorder()
     async with running_worker(fast(settings), handlers(wt_echo=rec)):
         await wait_until(lambda: stream_empty(r, stream), 5, "entry consumed")
