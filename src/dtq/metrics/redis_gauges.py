@@ -147,19 +147,15 @@ class RedisGauges:
         window_end = self.clock.now_ms() + self.settings.near_expiration_s * 1000
         queues, workers = sorted(self._queues), sorted(self._workers)
         # The schedule, dead-letter stream and expiry index: one each in the flat layout, one
-        # per queue known so far in the cluster layout (a queue listed since is counted from
-        # the next scrape).
+        # per queue known so far in the cluster layout (a queue listed since is read by
+        # _discover).
         scopes = keys.scopes(queues) if keys.cluster_layout() else [""]
         pipe = redis.pipeline(transaction=False)
         pipe.execute_command("TIME")  # not .time(): a cluster pipeline refuses that name
         pipe.smembers(keys.QUEUES)
         pipe.smembers(keys.WORKERS)
         for scope in scopes:
-            pipe.zcard(keys.retry_schedule(scope))
-            pipe.xlen(keys.dead_letter(scope))
-            pipe.zrangebyscore(
-                keys.expiry(scope), "-inf", window_end, start=0, num=self.expiring_cap
-            )
+            self._scope_reads(pipe, scope, window_end)
         for q in queues:
             read_depth(pipe, q)
         _worker_reads(pipe, workers)
@@ -170,23 +166,37 @@ class RedisGauges:
         queue_set, worker_set = replies[1:3]
         shared = replies[3 : 3 + 3 * len(scopes)]
         rest = replies[3 + 3 * len(scopes) :]
-        expiring: list[str] = []
-        for scope, found in zip(scopes, shared[2::3], strict=True):
-            for t in found:
-                expiring.append(str(t))
-                if scope:  # the cluster layout: the index says the queue
-                    self._task_queue[str(t)] = scope
         split = len(queues) * PER_QUEUE
-        return _Reads(
+        reads = _Reads(
             now_ms=now_ms,
             queues=set(queue_set) | {DEFAULT_QUEUE},
             workers=set(worker_set),
-            scheduled=sum(int(n) for n in shared[0::3]),
-            dlq=sum(int(n) for n in shared[1::3]),
-            expiring=expiring[: self.expiring_cap],
+            scheduled=0,
+            dlq=0,
+            expiring=[],
             counts=_per_queue(queues, rest[:split]),
             beats=_per_worker(workers, rest[split:]),
         )
+        self._add_scopes(reads, scopes, shared)
+        return reads
+
+    def _scope_reads(self, pipe: Any, scope: str, window_end: float) -> None:
+        """Queue the three reads of one scope's schedule, dead-letter stream and expiry index."""
+        pipe.zcard(keys.retry_schedule(scope))
+        pipe.xlen(keys.dead_letter(scope))
+        pipe.zrangebyscore(keys.expiry(scope), "-inf", window_end, start=0, num=self.expiring_cap)
+
+    def _add_scopes(self, reads: _Reads, scopes: Sequence[str], replies: Sequence[Any]) -> None:
+        """Count the replies of :meth:`_scope_reads` for ``scopes`` into ``reads``."""
+        reads.scheduled += sum(int(n) for n in replies[0::3])
+        reads.dlq += sum(int(n) for n in replies[1::3])
+        for scope, found in zip(scopes, replies[2::3], strict=True):
+            for t in found:
+                if len(reads.expiring) >= self.expiring_cap:
+                    return
+                reads.expiring.append(str(t))
+                if scope:  # the cluster layout: the index says the queue
+                    self._task_queue[str(t)] = scope
 
     async def _discover(self, redis: Redis, reads: _Reads) -> None:
         """A second round trip, only for queues, workers or expiring tasks not seen before."""
@@ -204,22 +214,29 @@ class RedisGauges:
             )
         if not (new_queues or new_workers or unknown):
             return
+        # In the cluster layout a new queue has its own schedule, dead letters and expiry
+        # index: read them now, so that its first scrape counts them too.
+        new_scopes = keys.scopes(new_queues) if keys.cluster_layout() else []
+        window_end = self.clock.now_ms() + self.settings.near_expiration_s * 1000
         pipe = redis.pipeline(transaction=False)
         for q in new_queues:
             read_depth(pipe, q)
         _worker_reads(pipe, new_workers)
         for tid in unknown:
             pipe.hget(keys.task(tid), "queue")
+        for scope in new_scopes:
+            self._scope_reads(pipe, scope, window_end)
         more = await _execute(pipe)
         self.round_trips += 1
         split = len(new_queues) * PER_QUEUE
         reads.counts.update(_per_queue(new_queues, more[:split]))
         beats_end = split + 2 * len(new_workers)
         reads.beats.update(_per_worker(new_workers, more[split:beats_end]))
-        queues_of = more[beats_end:]
+        queues_of = more[beats_end : beats_end + len(unknown)]
         for tid, queue in zip(unknown, queues_of, strict=True):
             if queue is not None:
                 self._task_queue[tid] = str(queue)
+        self._add_scopes(reads, new_scopes, more[beats_end + len(unknown) :])
 
     def _snapshot_of(self, reads: _Reads) -> _Snapshot:
         snap = _Snapshot(
