@@ -360,10 +360,18 @@ class Entry:
 
     @classmethod
     def parse(cls, stream: str, entry_id: str, fields: Mapping[str, str] | None) -> Entry | None:
-        """The entry, or None when its fields are missing or malformed (a foreign write)."""
+        """The entry, or None when its fields are missing or malformed (a foreign write; in
+        the cluster layout, also a task id or queue whose keys are not in the stream's slot,
+        which no script could serve: every call touches one slot)."""
         if not fields or not fields.get("task_id"):
             return None
         queue = fields.get("queue") or keys.stream_queue(stream)[0]
+        if keys.cluster_layout() and not (
+            keys.slot(stream)
+            == keys.slot(keys.task(fields["task_id"]))
+            == keys.slot(keys.cancelled(queue))
+        ):
+            return None
         try:
             timeout_ms = int(fields.get("timeout_ms") or 0)
         except ValueError:

@@ -12,14 +12,23 @@ from support.worker import WorkerProcess, write_task_module
 
 
 @pytest.fixture
-async def spawn(tmp_path: Path, redis_url: str) -> AsyncIterator[Callable[..., WorkerProcess]]:
+async def spawn(
+    tmp_path: Path, redis_url: str, backend: str
+) -> AsyncIterator[Callable[..., WorkerProcess]]:
     """``spawn(worker_id=None, *args, **env)``: a ``dtq worker run`` process on the test's
-    task module (``sp_tasks``), stopped at the end of the test."""
+    task module (``sp_tasks``) and backend, stopped at the end of the test."""
     write_task_module(tmp_path)
     started: list[WorkerProcess] = []
 
     def make(worker_id: str | None = None, *args: str, **env: Any) -> WorkerProcess:
-        proc = WorkerProcess(redis_url, tmp_path, worker_id=worker_id, args=args, env=env)
+        proc = WorkerProcess(
+            redis_url,
+            tmp_path,
+            worker_id=worker_id,
+            args=args,
+            env=env,
+            cluster=backend == "cluster",
+        )
         started.append(proc)
         return proc
 

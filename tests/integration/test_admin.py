@@ -15,6 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from dtq import Audit, Queue, TaskStatus, admin, calls, connect_sync, keys
+from dtq.config import Settings
 from dtq.errors import (
     InvalidTaskError,
     InvalidTransitionError,
@@ -26,6 +27,8 @@ from dtq.errors import (
 )
 from dtq.models import format_ts, parse_ts
 from support import Events
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 MISSING_ID = "f" * 32
 OPERATOR = Audit(actor="cli:ops@host", request_id="req-1")
@@ -58,7 +61,7 @@ async def dead_letter(
         await r.xdel(stream, h["entry_id"])
     now = await redis_ms(r)
     entry_id = await r.xadd(
-        keys.DEAD_LETTER,
+        keys.dead_letter(h["queue"]),
         {
             "task_id": task_id,
             "queue": h["queue"],
@@ -119,8 +122,13 @@ async def deliver(r: Redis, task_id: str, *, start: bool) -> str:
     return str(entry_id)
 
 
-async def audit_entries(r: Redis) -> list[dict[str, str]]:
-    return [fields for _, fields in await r.xrange(keys.AUDIT)]
+async def audit_entries(r: Redis, *queues: str) -> list[dict[str, str]]:
+    """The audit entries of operations on ``queues`` (``default`` if none), each audit stream
+    oldest first (one stream in the flat layout, one per queue on a cluster)."""
+    found = []
+    for scope in keys.scopes(queues or ("default",)):
+        found += [fields for _, fields in await r.xrange(keys.audit(scope))]
+    return found
 
 
 # -- audit: cancel and expire -------------------------------------------------------------------
@@ -131,7 +139,7 @@ async def test_cancel_with_audit_writes_one_entry_in_the_same_script(
 ) -> None:
     task = await queue.submit("echo_task", {}, queue="mail")
     assert await admin.cancel(queue.store, task.task_id, audit=OPERATOR) == "queued"
-    [entry] = await audit_entries(r)
+    [entry] = await audit_entries(r, "mail")
     h = await r.hgetall(keys.task(task.task_id))
     assert entry == {
         "actor": "cli:ops@host",
@@ -146,7 +154,7 @@ async def test_cancel_with_audit_writes_one_entry_in_the_same_script(
         await admin.cancel(queue.store, task.task_id, audit=OPERATOR)
     other = await queue.submit("echo_task", {})
     await admin.cancel(queue.store, other.task_id)
-    assert len(await audit_entries(r)) == 1
+    assert len(await audit_entries(r, "mail", "default")) == 1
 
 
 async def test_cancel_running_is_audited_as_a_request(queue: Queue, r: Redis) -> None:
@@ -204,7 +212,7 @@ async def test_dlq_get_falls_back_to_a_scan(queue: Queue, r: Redis) -> None:
     # Many newer entries: the scan goes back through more than one chunk.
     pipe = r.pipeline(transaction=False)
     for i in range(admin.CHUNK * 11):
-        pipe.xadd(keys.DEAD_LETTER, {"task_id": f"other{i}", "queue": "default"})
+        pipe.xadd(keys.dead_letter("default"), {"task_id": f"other{i}", "queue": "default"})
     await pipe.execute()
     assert (await admin.dlq_get(queue.store, task.task_id)).entry_id == entry_id
 
@@ -239,7 +247,7 @@ async def test_requeue_starts_a_new_life(queue: Queue, r: Redis) -> None:
     assert prev["last_error_class"] == "ValueError" and prev["worker_id"] == "worker-0badf00d"
     assert parse_ts(prev["failed_at"]) is not None
     # DLQ entry gone; one new entry, attempt 1, in the task's priority stream (group there).
-    assert await r.xrange(keys.DEAD_LETTER, dlq_id, dlq_id) == []
+    assert await r.xrange(keys.dead_letter("mail"), dlq_id, dlq_id) == []
     [(entry_id, fields)] = await r.xrange(keys.stream("mail", 7))
     assert entry_id == got.entry_id and fields["attempt"] == "1"
     assert fields["task_id"] == task.task_id and fields["idempotency_key"] == "order-1"
@@ -253,7 +261,7 @@ async def test_requeue_starts_a_new_life(queue: Queue, r: Redis) -> None:
     assert last.reason == "dlq_requeue"
     [ev] = [e for e in evs if e["task_id"] == task.task_id]
     assert ev["type"] == "TASK_QUEUED" and ev["metadata"] == {"requeued": True}
-    [entry] = await audit_entries(r)
+    [entry] = await audit_entries(r, "mail")
     assert entry["action"] == "dlq_requeue" and entry["task_id"] == task.task_id
     assert entry["ts"] == await r.hget(keys.task(task.task_id), "updated_at")
 
@@ -266,7 +274,7 @@ async def test_requeue_twice_keeps_every_earlier_life(queue: Queue, r: Redis) ->
     got = await queue.requeue_dead_letter(task.task_id)  # its DLQ entry found by a scan
     assert [p["last_error"] for p in got.metadata["previous_attempts"]] == ["first", "second"]
     assert [p["attempts"] for p in got.metadata["previous_attempts"]] == [5, 2]
-    assert await r.xlen(keys.DEAD_LETTER) == 0
+    assert await r.xlen(keys.dead_letter("default")) == 0
     assert await r.xlen(keys.stream("default", 5)) == 1
 
 
@@ -276,7 +284,7 @@ async def test_requeue_keeps_a_deadline_ahead_and_refuses_a_passed_one(
     ahead = await queue.submit("echo_task", {}, ttl_seconds=3600)
     await dead_letter(r, ahead.task_id)
     await queue.requeue_dead_letter(ahead.task_id)
-    assert await r.zscore(keys.EXPIRY, ahead.task_id) is not None
+    assert await r.zscore(keys.expiry("default"), ahead.task_id) is not None
 
     passed = await queue.submit("echo_task", {}, ttl_seconds=3600)
     await dead_letter(r, passed.task_id)
@@ -284,7 +292,7 @@ async def test_requeue_keeps_a_deadline_ahead_and_refuses_a_passed_one(
     with pytest.raises(InvalidTransitionError, match="deadline"):
         await queue.requeue_dead_letter(passed.task_id, audit=OPERATOR)
     assert await r.hget(keys.task(passed.task_id), "status") == "dead_lettered"
-    assert await r.xlen(keys.DEAD_LETTER) == 1
+    assert await r.xlen(keys.dead_letter("default")) == 1
     assert await audit_entries(r) == []
 
 
@@ -314,7 +322,7 @@ async def test_discard_keeps_the_hash(queue: Queue, r: Redis) -> None:
     assert got.status is TaskStatus.DEAD_LETTERED
     assert got.metadata == {"tags": [], "discarded": True}
     assert got.error_message == "boom" and got.attempt == 3
-    assert await r.xrange(keys.DEAD_LETTER, dlq_id, dlq_id) == []
+    assert await r.xrange(keys.dead_letter("default"), dlq_id, dlq_id) == []
     assert await r.ttl(keys.task(task.task_id)) > 0
     last = (await queue.history(task.task_id))[-1]
     assert last.reason == "dlq_discard" and last.to_status is TaskStatus.DEAD_LETTERED
@@ -334,7 +342,7 @@ async def test_discard_without_dlq_entry_id_scans(queue: Queue, r: Redis) -> Non
     task = await queue.submit("echo_task", {})
     await dead_letter(r, task.task_id, write_entry_id=False)
     await admin.dlq_discard(queue.store, task.task_id)
-    assert await r.xlen(keys.DEAD_LETTER) == 0
+    assert await r.xlen(keys.dead_letter("default")) == 0
 
 
 async def test_dlq_purge_in_chunks_marks_every_task(queue: Queue, r: Redis) -> None:
@@ -343,9 +351,10 @@ async def test_dlq_purge_in_chunks_marks_every_task(queue: Queue, r: Redis) -> N
     ids = [t.task_id for t in results if not isinstance(t, Exception)]
     for tid in ids:
         await dead_letter(r, tid)
-    await r.xadd(keys.DEAD_LETTER, {"task_id": MISSING_ID, "queue": "default"})  # hash gone
+    gone = calls.new_task_id("default")  # the queue's slot on a cluster
+    await r.xadd(keys.dead_letter("default"), {"task_id": gone, "queue": "default"})  # hash gone
     assert await queue.purge_dead_letters(audit=OPERATOR) == n + 1
-    assert await r.xlen(keys.DEAD_LETTER) == 0
+    assert await r.xlen(keys.dead_letter("default")) == 0
     pipe = r.pipeline(transaction=False)
     for tid in ids:
         pipe.hmget(keys.task(tid), "status", "metadata")
@@ -381,7 +390,7 @@ async def test_pause_and_resume(queue: Queue, r: Redis) -> None:
         ("CONFIGURATION_CHANGED", "mail", {"queue": "mail", "paused": False}),
     ]
     assert evs[0]["task_id"] is None
-    entries = await audit_entries(r)
+    entries = await audit_entries(r, "mail")
     assert [(e["action"], e["queue"], e["task_id"]) for e in entries] == [
         ("queue_pause", "mail", ""),
         ("queue_pause", "mail", ""),
@@ -412,7 +421,7 @@ async def test_purge_queue_cancels_what_has_not_started(queue: Queue, r: Redis) 
     retrying = await queue.submit("echo_task", {}, queue="mail", idempotency_key="r1")
     await r.xdel(keys.stream("mail", 5), retrying.entry_id or "")
     await r.hset(keys.task(retrying.task_id), mapping={"status": "retrying", "attempt": 1})
-    await r.zadd(keys.RETRY_SCHEDULE, {retrying.task_id: await redis_ms(r) + 60_000})
+    await r.zadd(keys.retry_schedule("mail"), {retrying.task_id: await redis_ms(r) + 60_000})
     other = await queue.submit("echo_task", {}, queue="other")
     other_delayed = await queue.submit("echo_task", {}, queue="other", delay_seconds=600)
 
@@ -431,16 +440,21 @@ async def test_purge_queue_cancels_what_has_not_started(queue: Queue, r: Redis) 
         for eid, fields in await r.xrange(stream):
             remaining[eid] = fields["task_id"]
     assert remaining == {running.entry_id: running.task_id, delivered_entry: delivered.task_id}
-    assert await r.sismember(keys.CANCELLED, delivered.task_id)  # its consumer ACKs it
-    assert await r.zrange(keys.RETRY_SCHEDULE, 0, -1) == [other_delayed.task_id]
-    assert await r.zcard(keys.EXPIRY) == 0
+    assert await r.sismember(keys.cancelled("mail"), delivered.task_id)  # its consumer ACKs it
+    scheduled = [
+        member
+        for scope in keys.scopes(("mail", "other"))
+        for member in await r.zrange(keys.retry_schedule(scope), 0, -1)
+    ]
+    assert scheduled == [other_delayed.task_id]
+    assert await r.zcard(keys.expiry("mail")) == 0
     record = json.loads(await r.get(keys.idempotency("mail", "r1")))
     assert record["state"] == "failed"
     # Running and other queues untouched.
     assert (await queue.get(running.task_id)).status is TaskStatus.RUNNING
     assert (await queue.get(other.task_id)).status is TaskStatus.QUEUED
     assert (await queue.get(other_delayed.task_id)).status is TaskStatus.PENDING
-    [entry] = await audit_entries(r)
+    [entry] = await audit_entries(r, "mail")
     assert entry == {
         "actor": "cli:ops@host",
         "action": "purge",
@@ -462,9 +476,9 @@ async def test_purge_queue_events_and_empty_queue(queue: Queue, r: Redis) -> Non
     [ev] = evs
     assert ev["type"] == "TASK_CANCELLED" and ev["task_id"] == task.task_id
     assert ev["metadata"] == {"from": "queued", "purged": True}
-    assert await audit_entries(r) == []  # no audit object, no entry
+    assert await audit_entries(r, "mail") == []  # no audit object, no entry
     assert await queue.purge_queue("mail", audit=OPERATOR) == 0
-    assert [e["action"] for e in await audit_entries(r)] == ["purge"]
+    assert [e["action"] for e in await audit_entries(r, "mail")] == ["purge"]
     with pytest.raises(InvalidTaskError):
         await queue.purge_queue("no/such")
 
@@ -472,11 +486,13 @@ async def test_purge_queue_events_and_empty_queue(queue: Queue, r: Redis) -> Non
 async def test_purge_queue_removes_orphans(queue: Queue, r: Redis) -> None:
     """An entry or schedule member whose task record expired is removed too."""
     await queue.store.ensure_groups("mail")
-    await r.xadd(keys.stream("mail", 5), {"task_id": MISSING_ID, "queue": "mail"})
-    await r.zadd(keys.RETRY_SCHEDULE, {"e" * 32: 1})
+    # ids of the queue's slot on a cluster, as every task of the queue has
+    orphans = [calls.new_task_id("mail") for _ in range(2)]
+    await r.xadd(keys.stream("mail", 5), {"task_id": orphans[0], "queue": "mail"})
+    await r.zadd(keys.retry_schedule("mail"), {orphans[1]: 1})
     assert await queue.purge_queue("mail") == 0
     assert await r.xlen(keys.stream("mail", 5)) == 0
-    assert await r.zcard(keys.RETRY_SCHEDULE) == 0
+    assert await r.zcard(keys.retry_schedule("mail")) == 0
 
 
 async def test_cancel_with_reason_purge_keeps_user_metadata(queue: Queue, r: Redis) -> None:
@@ -501,7 +517,7 @@ async def test_scripts_refuse_metadata_changed_since_it_was_read(queue: Queue, r
         Audit("someone"),
     )
     assert reply == calls.DlqReply(False, "STALE")
-    assert await r.xlen(keys.DEAD_LETTER) == 1 and await audit_entries(r) == []
+    assert await r.xlen(keys.dead_letter("default")) == 1 and await audit_entries(r) == []
     waiting = await queue.submit("echo_task", {}, queue="mail", metadata={"a": 1})
     candidate = calls.PurgeCandidate(waiting.task_id, "", "", "", "{}", "{}")
     reply = await calls.purge_queue(queue.store, "mail", [candidate], None)
@@ -618,8 +634,8 @@ async def test_audit_log_newest_first(queue: Queue, r: Redis) -> None:
 # -- the sync facade ----------------------------------------------------------------------------
 
 
-def test_sync_facade_admin_methods(redis_url: str) -> None:
-    with connect_sync(redis_url) as q:
+def test_sync_facade_admin_methods(settings: Settings) -> None:
+    with connect_sync(settings=settings) as q:
         task = q.submit("echo_task", {}, queue="mail")
         assert q.pause_queue("mail", audit=OPERATOR) is True
         assert q.queue_stats("mail").depth == 1

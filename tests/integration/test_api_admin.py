@@ -16,7 +16,7 @@ from dtq.config import Settings
 from support import running_worker, wait_until
 from support.api import API_KEY, Api, api_settings, error_of, running_api
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.backends("single", "cluster")]
 
 
 @pytest.fixture
@@ -189,7 +189,7 @@ async def test_dead_letters_list_get_requeue_discard_purge(api: Api, r: Redis) -
 
     purged = await api.client.post("/api/v1/dlq/purge")
     assert purged.status_code == 200 and purged.json() == {"purged": 1}
-    assert await r.xlen(keys.DEAD_LETTER) == 0
+    assert await r.xlen(keys.dead_letter("default")) == 0
     assert (await api.client.get("/api/v1/dlq")).json() == {"dead_letters": []}
 
     for unknown in ("a" * 32, "nope"):
@@ -233,7 +233,7 @@ async def test_auth_on_guards_every_destructive_operation(api_auth: Api, r: Redi
         wrong = await api.client.post(path, headers={"X-API-Key": API_KEY + "x"})
         assert wrong.status_code == 403, action
         assert error_of(wrong)["code"] == "FORBIDDEN"
-    assert await r.xlen(keys.AUDIT) == 0, "nothing was done without the key"
+    assert await r.xlen(keys.audit("default")) == 0, "nothing was done without the key"
 
     for n, (action, template) in enumerate(DESTRUCTIVE):
         path = template.format(**{**ids, "id": expire_target if action == "expire" else ids["id"]})
@@ -245,7 +245,7 @@ async def test_auth_on_guards_every_destructive_operation(api_auth: Api, r: Redi
     actors = {e["actor"] for e in entries}
     assert actors == {f"api:{key_id(API_KEY)}"}
     assert {e["request_id"] for e in entries} >= {f"req-{n}" for n in range(len(DESTRUCTIVE))}
-    raw = await r.xrange(keys.AUDIT)
+    raw = await r.xrange(keys.audit("default"))
     assert all(API_KEY not in str(fields) for _, fields in raw), "the key is never stored"
 
 

@@ -15,7 +15,7 @@ from dtq import keys
 from dtq.config import Settings
 from support.api import Api, api_settings, error_of, running_api
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.backends("single", "cluster")]
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ async def test_submit_invalid_input_is_400_never_422(
     err = error_of(resp)
     assert err["code"] == code
     assert fragment in err["message"] or fragment in json.dumps(err["details"])
-    assert await r.zcard(keys.RECENT) == 0, "nothing was stored"
+    assert await r.zcard(keys.recent("default")) == 0, "nothing was stored"
 
 
 async def test_payload_model_accepts_a_valid_payload(api: Api) -> None:

@@ -9,9 +9,10 @@ import socket
 from typing import Any
 
 import pytest
-import redis as sync_redis
 
 from dtq import Queue, keys
+from dtq.config import Settings
+from dtq.connection import sync_client
 from dtq_tasks import Handler, PermanentError, TaskContext
 from support import running_worker, wait_until
 from support.cli import MISSING_ID, Cli, fast_settings
@@ -20,23 +21,24 @@ ACTOR = f"cli:{getpass.getuser()}@{socket.gethostname()}"
 
 
 @pytest.fixture
-def cli(redis_url: str) -> Cli:
+def cli(settings: Settings) -> Cli:
     # The tests submit task types of their own (the seed's send_reminder, handlers run by an
     # in-process worker) that no module registers: no registry check, as DTQ_TASK_MODULES="".
-    return Cli(redis_url, DTQ_TASK_MODULES="")
+    return Cli(settings.redis_url, cluster=settings.redis_cluster, DTQ_TASK_MODULES="")
 
 
-def audit_actions(redis_url: str) -> list[tuple[str, str, str]]:
-    """(action, task_id or queue, actor) of every audit entry, oldest first."""
-    client = sync_redis.Redis.from_url(redis_url, decode_responses=True)
+def audit_actions(settings: Settings, queue: str = "default") -> list[tuple[str, str, str]]:
+    """(action, task_id or queue, actor) of every audit entry of operations on ``queue`` (on a
+    cluster; the flat layout has one audit stream), oldest first."""
+    client = sync_client(settings, socket_timeout=5)
     try:
-        rows = client.xrange(keys.AUDIT)
+        rows = client.xrange(keys.audit(queue))
     finally:
         client.close()
     return [(f["action"], f.get("task_id") or f.get("queue", ""), f["actor"]) for _, f in rows]
 
 
-async def dead_letter(cli: Cli, redis_url: str, queue: Queue, count: int) -> list[str]:
+async def dead_letter(cli: Cli, settings: Settings, queue: Queue, count: int) -> list[str]:
     """``count`` tasks dead-lettered by a real worker (a handler that fails permanently)."""
 
     async def boom(payload: dict[str, Any], ctx: TaskContext) -> None:
@@ -44,7 +46,9 @@ async def dead_letter(cli: Cli, redis_url: str, queue: Queue, count: int) -> lis
 
     ids = []
     async with running_worker(
-        fast_settings(redis_url), {"boom": Handler("boom", boom)}, force_stop=True
+        fast_settings(settings.redis_url, cluster=settings.redis_cluster),
+        {"boom": Handler("boom", boom)},
+        force_stop=True,
     ):
         for n in range(count):
             run = await asyncio.to_thread(
@@ -60,8 +64,9 @@ async def dead_letter(cli: Cli, redis_url: str, queue: Queue, count: int) -> lis
     return ids
 
 
-async def test_dlq_list_retry_discard_purge(cli: Cli, redis_url: str, queue: Queue) -> None:
-    a, b, c = await dead_letter(cli, redis_url, queue, 3)
+@pytest.mark.backends("single", "cluster")
+async def test_dlq_list_retry_discard_purge(cli: Cli, settings: Settings, queue: Queue) -> None:
+    a, b, c = await dead_letter(cli, settings, queue, 3)
 
     table = cli.ok("dlq", "list").out.splitlines()
     assert table[0].split() == ["TASK_ID", "TYPE", "QUEUE", "ATTEMPTS", "FAILED", "ERROR"]
@@ -97,7 +102,7 @@ async def test_dlq_list_retry_discard_purge(cli: Cli, redis_url: str, queue: Que
     assert cli.ok("dlq", "list").out.strip() == "The dead-letter queue is empty."
     assert cli.ok("purge-dlq", "--yes", "--json").json() == {"outcome": "purged", "removed": 0}
 
-    assert [(act, who) for act, _, who in audit_actions(redis_url)] == [
+    assert [(act, who) for act, _, who in audit_actions(settings)] == [
         ("dlq_requeue", ACTOR),
         ("dlq_discard", ACTOR),
         ("dlq_purge", ACTOR),
@@ -105,7 +110,7 @@ async def test_dlq_list_retry_discard_purge(cli: Cli, redis_url: str, queue: Que
     ]
 
 
-def test_purge_cancels_the_waiting_tasks_of_one_queue(cli: Cli, redis_url: str) -> None:
+def test_purge_cancels_the_waiting_tasks_of_one_queue(cli: Cli, settings: Settings) -> None:
     waiting = [cli.submit("--type", "echo_task", "--queue", "emails") for _ in range(2)]
     delayed = cli.submit("--type", "echo_task", "--queue", "emails", "--delay-seconds", "60")
     other = cli.submit("--type", "echo_task")
@@ -120,16 +125,16 @@ def test_purge_cancels_the_waiting_tasks_of_one_queue(cli: Cli, redis_url: str) 
     assert cli.ok("get", other, "--json").json()["status"] == "queued"
     doc = cli.ok("purge", "--queue", "emails", "--yes", "--json").json()
     assert doc == {"queue": "emails", "outcome": "purged", "cancelled": 0}
-    assert audit_actions(redis_url) == [("purge", "emails", ACTOR), ("purge", "emails", ACTOR)]
+    assert audit_actions(settings) == [("purge", "emails", ACTOR), ("purge", "emails", ACTOR)]
 
 
-def test_purges_ask_for_a_typed_confirmation_on_a_terminal(cli: Cli, redis_url: str) -> None:
+def test_purges_ask_for_a_typed_confirmation_on_a_terminal(cli: Cli, settings: Settings) -> None:
     task_id = cli.submit("--type", "echo_task", "--queue", "emails")
     run = cli.tty("purge", "--queue", "emails", typed="yes\n")
     assert run.code == 1
     assert "Type 'emails' to confirm" in run.err and "not confirmed" in run.err
     assert cli.ok("get", task_id, "--json").json()["status"] == "queued"
-    assert audit_actions(redis_url) == []
+    assert audit_actions(settings) == []
 
     run = cli.tty("purge", "--queue", "emails", typed="emails\n")
     assert run.code == 0, run.err
@@ -139,10 +144,10 @@ def test_purges_ask_for_a_typed_confirmation_on_a_terminal(cli: Cli, redis_url: 
     assert cli.tty("purge-dlq", typed="no\n").code == 1
     run = cli.tty("purge-dlq", typed="dead-letter\n")
     assert run.code == 0 and "0 entries removed" in run.out
-    assert [a for a, _, _ in audit_actions(redis_url)] == ["purge", "dlq_purge"]
+    assert [a for a, _, _ in audit_actions(settings)] == ["purge", "dlq_purge"]
 
 
-def test_queue_pause_resume_and_stats(cli: Cli, redis_url: str) -> None:
+def test_queue_pause_resume_and_stats(cli: Cli, settings: Settings) -> None:
     assert cli.ok("queue", "stats").out.strip().startswith("No queues yet")
     assert cli.ok("queue", "stats", "--json").json() == {"queues": []}
     cli.submit("--type", "echo_task", "--queue", "emails")
@@ -171,7 +176,7 @@ def test_queue_pause_resume_and_stats(cli: Cli, redis_url: str) -> None:
     assert doc == {"queue": "emails", "paused": False, "changed": True}
     assert cli.ok("queue", "resume", "emails").out.strip() == "Queue emails was already running."
     assert cli.ok("queue", "stats", "emails", "--json").json()["paused"] is False
-    assert [(a, q) for a, q, _ in audit_actions(redis_url)] == [
+    assert [(a, q) for a, q, _ in audit_actions(settings)] == [
         ("queue_pause", "emails"),
         ("queue_pause", "emails"),
         ("queue_resume", "emails"),

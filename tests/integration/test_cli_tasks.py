@@ -11,35 +11,40 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-import redis as sync_redis
 
 from dtq import keys
+from dtq.config import Settings
+from dtq.connection import sync_client
 from dtq_tasks import Handler, TaskContext
 from support import running_worker, wait_until
 from support.cli import MISSING_ID, Cli, fast_settings
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 ACTOR = f"cli:{getpass.getuser()}@{socket.gethostname()}"
 
 
 @pytest.fixture
-def cli(redis_url: str) -> Cli:
+def cli(settings: Settings) -> Cli:
     # The tests submit task types of their own (the seed's send_reminder, handlers run by an
     # in-process worker) that no module registers: no registry check, as DTQ_TASK_MODULES="".
-    return Cli(redis_url, DTQ_TASK_MODULES="")
+    return Cli(settings.redis_url, cluster=settings.redis_cluster, DTQ_TASK_MODULES="")
 
 
-def audit_entries(redis_url: str) -> list[dict[str, str]]:
-    client = sync_redis.Redis.from_url(redis_url, decode_responses=True)
+def audit_entries(settings: Settings) -> list[dict[str, str]]:
+    """The audit entries of the default queue's tasks, oldest first."""
+    client = sync_client(settings, socket_timeout=5)
     try:
-        return [fields for _, fields in client.xrange(keys.AUDIT)]
+        return [fields for _, fields in client.xrange(keys.audit("default"))]
     finally:
         client.close()
 
 
-def task_count(redis_url: str) -> int:
-    client = sync_redis.Redis.from_url(redis_url)
+def task_count(settings: Settings) -> int:
+    """How many tasks the default queue's recent index holds."""
+    client = sync_client(settings, socket_timeout=5)
     try:
-        return int(client.zcard(keys.RECENT))
+        return int(client.zcard(keys.recent("default")))
     finally:
         client.close()
 
@@ -84,6 +89,7 @@ def test_submit_takes_every_flag_of_the_contract(cli: Cli) -> None:
     assert task["payload"] == {"a": [1, 2]}
 
 
+@pytest.mark.backends("single", reason="where the payload is read from: no backend difference")
 def test_payload_from_a_file_and_from_stdin(cli: Cli, tmp_path: Any) -> None:
     path = tmp_path / "payload.json"
     path.write_text('{"from": "file"}')
@@ -109,6 +115,7 @@ def test_delay_and_schedule_make_a_pending_task(cli: Cli) -> None:
     assert parse(doc["expires_at"]) == until
 
 
+@pytest.mark.backends("single", reason="parsing the --ttl forms: no backend difference")
 @pytest.mark.parametrize(
     ("ttl", "seconds"),
     [("90s", 90), ("30m", 1800), ("1h", 3600), ("7d", 604800), ("1h30m", 5400), ("300", 300)],
@@ -119,6 +126,7 @@ def test_ttl_forms(cli: Cli, ttl: str, seconds: int) -> None:
     assert delta == timedelta(seconds=seconds)
 
 
+@pytest.mark.backends("single", reason="formatting the deadline: no backend difference")
 def test_status_shows_time_left_and_time_since_expiry(cli: Cli) -> None:
     soon = cli.submit("--type", "send_reminder", "--ttl", "2h30m")
     run = cli.ok("status", soon)
@@ -166,6 +174,7 @@ def test_queue_full_is_refused_with_exit_1(cli: Cli) -> None:
 # -- invalid input: exit 2, nothing written --------------------------------------------------------
 
 
+@pytest.mark.backends("single", reason="refused before any command reaches Redis")
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -193,14 +202,15 @@ def test_queue_full_is_refused_with_exit_1(cli: Cli) -> None:
     ],
 )
 def test_invalid_submit_input_exits_2_and_writes_nothing(
-    cli: Cli, redis_url: str, args: list[str], message: str
+    cli: Cli, settings: Settings, args: list[str], message: str
 ) -> None:
     run = cli.fails(2, "submit", "--type", "echo_task", *args)
     assert message in run.err
-    assert task_count(redis_url) == 0
+    assert task_count(settings) == 0
 
 
-def test_payload_too_large_exits_2(cli: Cli, redis_url: str, tmp_path: Any) -> None:
+@pytest.mark.backends("single", reason="a size rule checked before Redis (test_submit: both)")
+def test_payload_too_large_exits_2(cli: Cli, settings: Settings, tmp_path: Any) -> None:
     big = tmp_path / "big.json"
     big.write_text('{"blob": "' + "x" * 262_144 + '"}')  # over the default 262144 bytes
     run = cli.fails(2, "submit", "--type", "echo_task", "--payload", f"@{big}")
@@ -212,9 +222,10 @@ def test_payload_too_large_exits_2(cli: Cli, redis_url: str, tmp_path: Any) -> N
     run = cli.fails(2, "submit", "--type", "echo_task", "--payload", '{"a":"123456789"}',
                     env=small_limit)  # fmt: skip
     assert "17 bytes" in run.err
-    assert task_count(redis_url) == 1
+    assert task_count(settings) == 1
 
 
+@pytest.mark.backends("single", reason="usage errors: refused before connecting")
 def test_missing_type_and_bad_ids_are_usage_errors(cli: Cli) -> None:
     assert "--type" in cli.fails(2, "submit").err
     for command in ("get", "status", "history", "cancel", "expire"):
@@ -290,7 +301,7 @@ def test_history_one_line_per_version_like_the_seed(cli: Cli) -> None:
 # -- cancel and expire ----------------------------------------------------------------------------
 
 
-def test_cancel_not_started_then_terminal(cli: Cli, redis_url: str) -> None:
+def test_cancel_not_started_then_terminal(cli: Cli, settings: Settings) -> None:
     task_id = cli.submit("--type", "echo_task")
     assert cli.ok("cancel", task_id).out.strip() == f"Cancelled task {task_id}."
     assert cli.ok("get", task_id, "--json").json()["status"] == "cancelled"
@@ -299,7 +310,7 @@ def test_cancel_not_started_then_terminal(cli: Cli, redis_url: str) -> None:
     delayed = cli.submit("--type", "echo_task", "--delay-seconds", "30")
     doc = cli.ok("cancel", delayed, "--json").json()
     assert doc["outcome"] == "cancelled" and doc["task"]["status"] == "cancelled"
-    entries = audit_entries(redis_url)
+    entries = audit_entries(settings)
     assert [(e["action"], e["task_id"], e["actor"]) for e in entries] == [
         ("cancel", task_id, ACTOR),
         ("cancel", delayed, ACTOR),
@@ -307,7 +318,9 @@ def test_cancel_not_started_then_terminal(cli: Cli, redis_url: str) -> None:
     assert all(e["request_id"] for e in entries)
 
 
-async def test_cancel_of_a_running_task_is_accepted_as_a_request(cli: Cli, redis_url: str) -> None:
+async def test_cancel_of_a_running_task_is_accepted_as_a_request(
+    cli: Cli, settings: Settings
+) -> None:
     started = asyncio.Event()
 
     async def hold(payload: dict[str, Any], ctx: TaskContext) -> None:
@@ -315,7 +328,9 @@ async def test_cancel_of_a_running_task_is_accepted_as_a_request(cli: Cli, redis
         await asyncio.sleep(30)
 
     async with running_worker(
-        fast_settings(redis_url), {"hold": Handler("hold", hold)}, force_stop=True
+        fast_settings(settings.redis_url, cluster=settings.redis_cluster),
+        {"hold": Handler("hold", hold)},
+        force_stop=True,
     ):
         task_id = cli.submit("--type", "hold")
         await asyncio.wait_for(started.wait(), 10)
@@ -327,10 +342,10 @@ async def test_cancel_of_a_running_task_is_accepted_as_a_request(cli: Cli, redis
             return bool(doc["status"] == "cancelled")
 
         await wait_until(cancelled, what="the running task cancelled by its worker")
-    assert audit_entries(redis_url)[0]["action"] == "cancel"
+    assert audit_entries(settings)[0]["action"] == "cancel"
 
 
-def test_expire_marks_a_not_started_task_and_refuses_others(cli: Cli, redis_url: str) -> None:
+def test_expire_marks_a_not_started_task_and_refuses_others(cli: Cli, settings: Settings) -> None:
     queued = cli.submit("--type", "echo_task")
     run = cli.ok("expire", queued)
     assert run.out.startswith(f"Marked task {queued} expired at 20")
@@ -339,5 +354,5 @@ def test_expire_marks_a_not_started_task_and_refuses_others(cli: Cli, redis_url:
     assert doc.json()["outcome"] == "expired"
     run = cli.fails(1, "expire", queued)
     assert "is expired" in run.err and "has not started" in run.err
-    assert [e["action"] for e in audit_entries(redis_url)] == ["expire", "expire"]
+    assert [e["action"] for e in audit_entries(settings)] == ["expire", "expire"]
     assert cli.ok("list", "--status", "expired", "--json").json()["count"] == 2

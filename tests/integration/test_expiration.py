@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from redis.asyncio import Redis
 
-from dtq import Queue, TaskStatus, keys
+from dtq import Queue, TaskStatus, calls, keys
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from dtq.errors import InvalidTransitionError, TaskTerminalError
@@ -23,6 +23,8 @@ from dtq.worker import scheduler as scheduler_module
 from dtq.worker.scheduler import Scheduler
 from support import Events, wait_until
 from support.scheduler import running
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 WORKER_A = "worker-aaaaaaaa"
 UNSERVED = "nobody-serves-this"
@@ -40,7 +42,8 @@ def reaches(queue: Queue, task_id: str, status: TaskStatus) -> Callable[[], Awai
 
 async def assert_nothing_left(r: Redis, task: Task) -> None:
     """No expired task leaves anything behind in a stream, the schedule or the index."""
-    for key in (keys.RETRY_SCHEDULE, keys.RETRY_CLAIMED, keys.EXPIRY):
+    q = task.queue
+    for key in (keys.retry_schedule(q), keys.retry_claimed(q), keys.expiry(q)):
         assert await r.zscore(key, task.task_id) is None, key
     for stream in keys.queue_streams(task.queue):
         assert await r.xlen(stream) == 0, stream
@@ -65,12 +68,12 @@ async def make_retrying(r: Redis, queue: Queue, task_id: str, due_ms: int) -> No
     for src, dst in (("queued", "running"), ("running", "retrying")):
         entry = {"ts": ts, "from": src, "to": dst, "attempt": 1, "worker_id": "worker-00000000"}
         await r.rpush(keys.history(task_id), json.dumps(entry))
-    await r.zadd(keys.RETRY_SCHEDULE, {task_id: due_ms})
+    await r.zadd(keys.retry_schedule(task.queue), {task_id: due_ms})
 
 
 @pytest.fixture
-def settings(redis_url: str) -> Settings:
-    return Settings(redis_url=redis_url, scheduler_interval_s=0.05)
+def settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"scheduler_interval_s": 0.05})
 
 
 @pytest.fixture
@@ -129,11 +132,11 @@ async def test_sweep_drains_more_than_one_batch_per_tick(
         queue=UNSERVED,
         ttl_seconds=0.2,
     )
-    assert await r.zcard(keys.EXPIRY) == n
+    assert await r.zcard(keys.expiry(UNSERVED)) == n
     await asyncio.sleep(0.25)
     result = await scheduler.tick()
     assert result.swept and len(result.expired) == n
-    assert await r.zcard(keys.EXPIRY) == 0
+    assert await r.zcard(keys.expiry(UNSERVED)) == 0
     assert await r.xlen(keys.stream(UNSERVED, 5)) == 0
     ids = [t.task_id for t in tasks if isinstance(t, Task)]
     assert len(ids) == n
@@ -159,7 +162,7 @@ async def test_sweep_cut_by_its_time_budget_goes_on_at_the_next_tick(
         assert result.swept
         sizes.append(len(result.expired))
     assert sizes == [100, 100, 50]
-    assert await r.zcard(keys.EXPIRY) == 0
+    assert await r.zcard(keys.expiry(UNSERVED)) == 0
 
 
 async def test_running_task_is_never_expired(queue: Queue, r: Redis, scheduler: Scheduler) -> None:
@@ -170,7 +173,7 @@ async def test_running_task_is_never_expired(queue: Queue, r: Redis, scheduler: 
     result = await scheduler.tick()
     assert result.expired == []
     assert (await queue.get(task.task_id)).status is TaskStatus.RUNNING
-    assert await r.zscore(keys.EXPIRY, task.task_id) is None  # nothing left to look at
+    assert await r.zscore(keys.expiry(UNSERVED), task.task_id) is None  # nothing left to look at
     assert await r.xlen(keys.stream(UNSERVED, 5)) == 1  # its consumer ACKs it when it finishes
 
 
@@ -186,7 +189,7 @@ async def test_extended_deadline_is_rescored_not_expired(
     result = await scheduler.tick()
     assert result.expired == []
     assert (await queue.get(task.task_id)).status is TaskStatus.PENDING
-    assert await r.zscore(keys.EXPIRY, task.task_id) == later
+    assert await r.zscore(keys.expiry("default"), task.task_id) == later
 
 
 # -- retries and expiration -----------------------------------------------------------------------
@@ -225,7 +228,7 @@ async def test_retry_due_after_the_deadline_expires_at_promotion(
     deadline: promote expires it instead of queueing it."""
     task = await queue.submit("flaky_task", {}, ttl_seconds=0.1, max_attempts=3)
     await make_retrying(r, queue, task.task_id, await redis_time_ms(r) + 150)
-    await r.zrem(keys.EXPIRY, task.task_id)
+    await r.zrem(keys.expiry("default"), task.task_id)
     await asyncio.sleep(0.2)
     result = await scheduler.tick()
     assert result.claimed == 1 and result.expired == [task.task_id] and result.retried == []
@@ -242,14 +245,16 @@ async def test_retry_keeps_expires_at_and_expires_later_if_not_run(
 ) -> None:
     task = await queue.submit("flaky_task", {}, queue=UNSERVED, ttl_seconds=1.0, max_attempts=3)
     await make_retrying(r, queue, task.task_id, await redis_time_ms(r) - 1)
-    await r.zrem(keys.EXPIRY, task.task_id)  # as the sweep leaves a task that was running
+    await r.zrem(keys.expiry(UNSERVED), task.task_id)  # as the sweep leaves a task that was running
     result = await scheduler.tick()
     assert result.retried == [task.task_id]
     queued = await queue.get(task.task_id)
     assert queued.status is TaskStatus.QUEUED and queued.expires_at == task.expires_at
     assert queued.expires_at is not None
     # Promote filed the deadline again, so the sweep still finds the waiting retry.
-    assert await r.zscore(keys.EXPIRY, task.task_id) == queued.expires_at.timestamp() * 1000
+    assert (
+        await r.zscore(keys.expiry(UNSERVED), task.task_id) == queued.expires_at.timestamp() * 1000
+    )
     async with running(scheduler):
         await wait_until(reaches(queue, task.task_id, TaskStatus.EXPIRED))
     await assert_nothing_left(r, task)
@@ -318,19 +323,19 @@ async def test_zero_ttl_is_accepted_already_expired(
 
 async def test_no_expiration_by_default(queue: Queue, r: Redis, scheduler: Scheduler) -> None:
     task = await queue.submit("quick_task", {}, queue=UNSERVED, delay_seconds=0.05)
-    assert task.expires_at is None and await r.zcard(keys.EXPIRY) == 0
+    assert task.expires_at is None and await r.zcard(keys.expiry(UNSERVED)) == 0
     async with running(scheduler):
         await wait_until(reaches(queue, task.task_id, TaskStatus.QUEUED))
         await asyncio.sleep(0.3)
     stored = await queue.get(task.task_id)
     assert stored.status is TaskStatus.QUEUED and stored.expires_at is None
-    assert await r.zcard(keys.EXPIRY) == 0
+    assert await r.zcard(keys.expiry(UNSERVED)) == 0
 
 
 async def test_cancellation_versus_expiration(queue: Queue, r: Redis, scheduler: Scheduler) -> None:
     cancelled = await queue.submit("quick_task", {}, delay_seconds=30, ttl_seconds=0.1)
     await queue.cancel(cancelled.task_id)
-    assert await r.zscore(keys.EXPIRY, cancelled.task_id) is None
+    assert await r.zscore(keys.expiry("default"), cancelled.task_id) is None
     expired = await queue.submit("quick_task", {}, delay_seconds=30, ttl_seconds=0.1)
     await asyncio.sleep(0.15)
     result = await scheduler.tick()
@@ -349,9 +354,10 @@ async def test_stale_expiry_member_of_a_finished_task_is_dropped(
 ) -> None:
     task = await queue.submit("quick_task", {}, delay_seconds=30)
     await queue.cancel(task.task_id)
-    await r.zadd(keys.EXPIRY, {task.task_id: 1, "0" * 32: 1})  # finished, and hash gone
+    gone = calls.new_task_id("default")  # the queue's slot on a cluster
+    await r.zadd(keys.expiry("default"), {task.task_id: 1, gone: 1})  # finished, and hash gone
     result = await scheduler.tick()
-    assert result.expired == [] and await r.zcard(keys.EXPIRY) == 0
+    assert result.expired == [] and await r.zcard(keys.expiry("default")) == 0
 
 
 # -- the one clock --------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import pytest
 from redis.asyncio import Redis
 
 from dtq import Queue, TaskStatus, keys
@@ -14,6 +15,8 @@ from dtq.config import Settings
 from dtq_tasks import RetryableError, TaskContext
 from support import running_worker
 from support.worker import fast, handlers, past_deadline, wait_status
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 
 async def test_delayed_retried_then_expired_history(
@@ -58,9 +61,9 @@ async def test_delayed_retried_then_expired_history(
     assert final.expired_at >= final.expires_at
     assert h["attempt"] == "1"
     # Index cleanup: nothing of the task is left in the schedule, the claims or the index.
-    assert await r.zscore(keys.RETRY_SCHEDULE, task.task_id) is None
-    assert await r.zscore(keys.RETRY_CLAIMED, task.task_id) is None
-    assert await r.zscore(keys.EXPIRY, task.task_id) is None
+    assert await r.zscore(keys.retry_schedule("default"), task.task_id) is None
+    assert await r.zscore(keys.retry_claimed("default"), task.task_id) is None
+    assert await r.zscore(keys.expiry("default"), task.task_id) is None
 
 
 async def test_deadline_passing_during_execution_lets_the_task_finish(
@@ -72,8 +75,9 @@ async def test_deadline_passing_during_execution_lets_the_task_finish(
         await release.wait()
         return "done"
 
-    task = await queue.submit("slow", {}, ttl_seconds=0.5)
     async with running_worker(fast(settings), handlers(slow=slow)):
+        # Submitted once the worker serves the queue, so it starts well within its 0.5 s.
+        task = await queue.submit("slow", {}, ttl_seconds=0.5)
         await wait_status(r, task.task_id, "running")
         # Let the deadline pass (on the Redis clock) while the handler runs, and a sweep go by.
         assert task.expires_at is not None

@@ -222,6 +222,7 @@ async def status_of(r: Redis, task_id: str) -> str | None:
 # -- the workload --------------------------------------------------------------------------------
 
 
+@pytest.mark.backends("single", "cluster")
 async def test_metrics_after_a_workload(settings: Settings, r: Redis) -> None:
     s = fast(settings)
     async with running_stack(s) as (api, worker_url, worker):
@@ -350,6 +351,7 @@ async def test_metrics_after_a_workload(settings: Settings, r: Redis) -> None:
     assert w.value("dtq_redis_operations_total", operation="script:promote", result="ok") >= 2
 
 
+@pytest.mark.backends("single", "cluster")
 async def test_inflight_gauge_follows_running_tasks(settings: Settings, r: Redis) -> None:
     s = fast(settings)
     async with running_stack(s) as (api, worker_url, worker):
@@ -460,6 +462,7 @@ async def test_redis_gauges_one_round_trip_and_near_expiration_per_queue(
     assert third.value("dtq_queue_depth", queue="delta") == 1
 
 
+@pytest.mark.backends("single", "cluster")
 async def test_redis_gauges_count_live_and_stale_workers(settings: Settings, r: Redis) -> None:
     """The liveness rule of the admin views and the scheduler: a worker that has not written
     its first heartbeat yet is active; an old heartbeat or a hash gone is stale."""

@@ -23,6 +23,8 @@ from dtq.worker.scheduler import CLAIM_BATCH, Scheduler
 from support import Events, wait_until
 from support.scheduler import running
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 WORKER_A = "worker-aaaaaaaa"
 WORKER_B = "worker-bbbbbbbb"
 
@@ -44,17 +46,13 @@ async def make_retrying(r: Redis, queue: Queue, task_id: str, due_ms: int) -> No
         keys.task(task_id),
         mapping={"status": "retrying", "attempt": 1, "retry_delay_ms": 100, "entry_id": ""},
     )
-    await r.zadd(keys.RETRY_SCHEDULE, {task_id: due_ms})
+    await r.zadd(keys.retry_schedule(task.queue), {task_id: due_ms})
 
 
 @pytest.fixture
-def settings(redis_url: str) -> Settings:
-    return Settings(
-        redis_url=redis_url,
-        scheduler_interval_s=0.05,
-        heartbeat_interval_s=0.2,
-        visibility_timeout_s=5,
-    )
+def settings(settings: Settings) -> Settings:
+    fast = {"scheduler_interval_s": 0.05, "heartbeat_interval_s": 0.2, "visibility_timeout_s": 5}
+    return settings.model_copy(update=fast)
 
 
 @pytest.fixture
@@ -103,8 +101,8 @@ async def test_delayed_task_promoted_at_its_due_time(
         "idempotency_key": "k-1",
     }
     assert [g["name"] for g in await r.xinfo_groups(stream)] == ["workers"]
-    assert await r.zcard(keys.RETRY_SCHEDULE) == 0
-    assert await r.zcard(keys.RETRY_CLAIMED) == 0
+    assert await r.zcard(keys.retry_schedule("mail")) == 0
+    assert await r.zcard(keys.retry_claimed("mail")) == 0
 
     # Promoted at its due time on the Redis clock: not before, and promptly after.
     hist = await queue.history(task.task_id)
@@ -164,7 +162,7 @@ async def test_cancelled_task_is_not_promoted(queue: Queue, r: Redis, scheduler:
     # promote sees the status and only drops the claim.
     b = await queue.submit("echo_task", {}, delay_seconds=30)
     await queue.cancel(b.task_id)
-    await r.zadd(keys.RETRY_SCHEDULE, {b.task_id: await redis_time_ms(r) - 1})
+    await r.zadd(keys.retry_schedule("default"), {b.task_id: await redis_time_ms(r) - 1})
     await asyncio.sleep(0.06)
     async with Events(r) as events:
         result = await scheduler.tick()
@@ -172,36 +170,38 @@ async def test_cancelled_task_is_not_promoted(queue: Queue, r: Redis, scheduler:
     for t in (a, b):
         assert await status_of(queue, t.task_id) is TaskStatus.CANCELLED
     assert await r.xlen(keys.stream("default", 5)) == 0
-    assert await r.zcard(keys.RETRY_SCHEDULE) == 0
-    assert await r.zcard(keys.RETRY_CLAIMED) == 0
+    assert await r.zcard(keys.retry_schedule("default")) == 0
+    assert await r.zcard(keys.retry_claimed("default")) == 0
     assert events.items == []
 
 
 async def test_promote_twice_makes_one_entry(queue: Queue, r: Redis, scheduler: Scheduler) -> None:
     """A repeated promote (two schedulers, or a retry of a lost reply) never adds an entry."""
     task = await queue.submit("echo_task", {}, delay_seconds=30)
-    await r.zrem(keys.RETRY_SCHEDULE, task.task_id)
-    await r.zadd(keys.RETRY_CLAIMED, {task.task_id: await redis_time_ms(r)})
+    await r.zrem(keys.retry_schedule("default"), task.task_id)
+    await r.zadd(keys.retry_claimed("default"), {task.task_id: await redis_time_ms(r)})
     todo = [(task.task_id, ("default", 5, ""))]
     first = await calls.promote_many(queue.store, todo)
     second = await calls.promote_many(queue.store, todo)
     assert first == [PromoteReply("queued", "pending")]
     assert second == [PromoteReply("skip", "not_claimed")]
     # Claimed again by mistake: the status (QUEUED) refuses it.
-    await r.zadd(keys.RETRY_CLAIMED, {task.task_id: await redis_time_ms(r)})
+    await r.zadd(keys.retry_claimed("default"), {task.task_id: await redis_time_ms(r)})
     assert await calls.promote_many(queue.store, todo) == [PromoteReply("skip", "queued")]
     assert await r.xlen(keys.stream("default", 5)) == 1
-    assert await r.zcard(keys.RETRY_CLAIMED) == 0
+    assert await r.zcard(keys.retry_claimed("default")) == 0
 
 
 async def test_task_whose_hash_is_gone_is_dropped(
     queue: Queue, r: Redis, scheduler: Scheduler
 ) -> None:
-    await r.zadd(keys.RETRY_SCHEDULE, {"0" * 32: await redis_time_ms(r) - 1})
+    await queue.store.ensure_groups("default")  # a queue in use, its hash of the task gone
+    gone = calls.new_task_id("default")  # the queue's slot on a cluster
+    await r.zadd(keys.retry_schedule("default"), {gone: await redis_time_ms(r) - 1})
     result = await scheduler.tick()
-    assert result.skipped == ["0" * 32]
-    assert await r.zcard(keys.RETRY_SCHEDULE) == 0
-    assert await r.zcard(keys.RETRY_CLAIMED) == 0
+    assert result.skipped == [gone]
+    assert await r.zcard(keys.retry_schedule("default")) == 0
+    assert await r.zcard(keys.retry_claimed("default")) == 0
 
 
 async def test_backlog_drains_in_one_tick(queue: Queue, r: Redis, scheduler: Scheduler) -> None:
@@ -212,11 +212,11 @@ async def test_backlog_drains_in_one_tick(queue: Queue, r: Redis, scheduler: Sch
     now = await redis_time_ms(r)
     ids = [t.task_id for t in tasks if isinstance(t, Task)]
     assert len(ids) == n
-    await r.zadd(keys.RETRY_SCHEDULE, {tid: now - 1 for tid in ids})
+    await r.zadd(keys.retry_schedule("default"), {tid: now - 1 for tid in ids})
     result = await scheduler.tick()
     assert result.claimed == n and len(result.promoted) == n
     assert await r.xlen(keys.stream("default", 5)) == n
-    assert await r.zcard(keys.RETRY_SCHEDULE) == 0
+    assert await r.zcard(keys.retry_schedule("default")) == 0
 
 
 async def test_stale_claims_go_back_and_fresh_ones_stay(
@@ -224,28 +224,31 @@ async def test_stale_claims_go_back_and_fresh_ones_stay(
 ) -> None:
     stale = await queue.submit("echo_task", {"c": "stale"}, delay_seconds=30)
     fresh = await queue.submit("echo_task", {"c": "fresh"}, delay_seconds=30)
-    await r.zrem(keys.RETRY_SCHEDULE, stale.task_id, fresh.task_id)
+    await r.zrem(keys.retry_schedule("default"), stale.task_id, fresh.task_id)
     now = await redis_time_ms(r)
     # A scheduler claimed both and died: one claim is older than DTQ_CLAIM_STALE_S (60 s).
-    await r.zadd(keys.RETRY_CLAIMED, {stale.task_id: now - 61_000, fresh.task_id: now - 1_000})
+    await r.zadd(
+        keys.retry_claimed("default"), {stale.task_id: now - 61_000, fresh.task_id: now - 1_000}
+    )
     result = await scheduler.tick()
     assert result.stale_claims == 1
     assert result.promoted == [stale.task_id]  # back in the schedule, due, promoted at once
     assert await status_of(queue, stale.task_id) is TaskStatus.QUEUED
     assert await status_of(queue, fresh.task_id) is TaskStatus.PENDING
-    assert await r.zrange(keys.RETRY_CLAIMED, 0, -1) == [fresh.task_id]
+    assert await r.zrange(keys.retry_claimed("default"), 0, -1) == [fresh.task_id]
     assert await r.xlen(keys.stream("default", 5)) == 1
 
 
 async def test_claim_due_returns_stale_claims_to_the_schedule(queue: Queue, r: Redis) -> None:
     now = await redis_time_ms(r)
-    await r.zadd(keys.RETRY_CLAIMED, {"old": now - 61_000, "new": now})
-    await r.zadd(keys.RETRY_SCHEDULE, {"later": now + 60_000})
-    got = await calls.claim_due(queue.store, "", 1, 60_000)
+    await r.zadd(keys.retry_claimed("default"), {"old": now - 61_000, "new": now})
+    await r.zadd(keys.retry_schedule("default"), {"later": now + 60_000})
+    [scope] = keys.scopes(["default"])
+    got = await calls.claim_due(queue.store, scope, 1, 60_000)
     assert got == Claimed(["old"], 1, got.now_ms)
     assert abs(got.now_ms - await redis_time_ms(r)) < 1000
-    assert await r.zrange(keys.RETRY_SCHEDULE, 0, -1) == ["later"]
-    assert sorted(await r.zrange(keys.RETRY_CLAIMED, 0, -1)) == ["new", "old"]
+    assert await r.zrange(keys.retry_schedule("default"), 0, -1) == ["later"]
+    assert sorted(await r.zrange(keys.retry_claimed("default"), 0, -1)) == ["new", "old"]
 
 
 # -- leader lock ----------------------------------------------------------------------------------
@@ -416,6 +419,7 @@ async def test_a_live_worker_becomes_stale_when_its_heartbeat_stops(
 # -- transient errors -----------------------------------------------------------------------------
 
 
+@pytest.mark.backends("single", reason="a plain client on a closed port, no backend at all")
 async def test_unreachable_redis_is_logged_not_fatal(settings: Settings) -> None:
     from dtq.devserver import free_port
 
@@ -433,6 +437,7 @@ async def test_unreachable_redis_is_logged_not_fatal(settings: Settings) -> None
         await dead.aclose()
 
 
+@pytest.mark.backends("single", reason="kills one server's client connections by name")
 async def test_loop_survives_killed_connections(queue: Queue, r: Redis, settings: Settings) -> None:
     client = Redis.from_url(settings.redis_url, decode_responses=True, client_name="sched-test")
     scheduler = Scheduler(Store(client, Scripts(), settings), settings, WORKER_A)

@@ -30,6 +30,8 @@ from dtq.store import RECENT_CAP, SUBMIT_CHUNK
 from support import Events
 from support.worker import ENTRY_FIELDS
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 EVENT_FIELDS = {"event_id", "ts", "type", "task_id", "queue", "task_type", "attempt", "worker_id"}
 
 QueueFactory = Callable[..., Awaitable[Queue]]
@@ -53,11 +55,12 @@ async def make_queue(settings: Settings) -> AsyncIterator[QueueFactory]:
 
 
 async def task_ids_in_redis(r: Redis) -> set[str]:
-    """Task ids of every task hash in Redis (SCAN dtq:task:*, histories left out)."""
+    """Task ids of every task hash in Redis (SCAN of every primary, histories left out)."""
     found = set()
-    async for key in r.scan_iter(match=keys.task("*"), count=1000):
-        if key.count(":") == 2:
-            found.add(key.rsplit(":", 1)[1])
+    async for key in r.scan_iter(match=keys.task_match(), count=1000):
+        task_id = keys.task_id_of(key)
+        if key == keys.task(task_id):
+            found.add(task_id)
     return found
 
 
@@ -116,7 +119,7 @@ async def test_queued_task_entry_hash_and_group(queue: Queue, r: Redis) -> None:
         assert [g["name"] for g in groups] == [keys.CONSUMER_GROUP], key
     assert await r.smembers(keys.QUEUES) == {"default"}
     # created ms, with the microsecond of the submit as its fraction (order within a ms)
-    score = await r.zscore(keys.RECENT, task.task_id)
+    score = await r.zscore(keys.recent("default"), task.task_id)
     assert score is not None and int(score) == int(h["created_ms"])
 
 
@@ -149,7 +152,7 @@ async def test_delayed_task_waits_in_schedule(queue: Queue, r: Redis) -> None:
     h = await r.hgetall(keys.task(task.task_id))
     created_ms = int(h["created_ms"])
     assert h["status"] == "pending" and not h.get("entry_id")
-    assert await r.zscore(keys.RETRY_SCHEDULE, task.task_id) == created_ms + 30_000
+    assert await r.zscore(keys.retry_schedule("default"), task.task_id) == created_ms + 30_000
     assert await depth(r, "default") == 0
     got = await queue.get(task.task_id)
     assert got.available_at - got.created_at == timedelta(seconds=30)
@@ -172,7 +175,8 @@ async def test_schedule_at_is_the_score(queue: Queue, r: Redis) -> None:
     when = datetime.fromtimestamp((await redis_ms(r) + 60_000) // 1000, tz=UTC)
     task = await queue.submit("echo_task", schedule_at=when)
     assert task.status is TaskStatus.PENDING
-    assert await r.zscore(keys.RETRY_SCHEDULE, task.task_id) == int(when.timestamp() * 1000)
+    schedule = keys.retry_schedule("default")
+    assert await r.zscore(schedule, task.task_id) == int(when.timestamp() * 1000)
     assert (await queue.get(task.task_id)).available_at == when
     assert await depth(r, "default") == 0
 
@@ -193,7 +197,7 @@ async def test_queue_full(make_queue: QueueFactory, r: Redis) -> None:
         await q.submit("echo_task", delay_seconds=5)
     assert len(await task_ids_in_redis(r)) == 3
     assert await depth(r, "default") == 3
-    assert await r.zcard(keys.RETRY_SCHEDULE) == 0
+    assert await r.zcard(keys.retry_schedule("default")) == 0
     # Another queue has its own depth.
     assert (await q.submit("echo_task", queue="other")).status is TaskStatus.QUEUED
 
@@ -387,7 +391,7 @@ async def test_a_redis_error_in_one_task_of_a_batch(queue: Queue, r: Redis) -> N
     """A key of the wrong type fails that task alone; the others of the call are submitted,
     as separate calls would be, and the SDK raises the Redis error."""
     reqs = [queue.build_request("echo_task", {"i": i}) for i in range(3)]
-    ids = ["a" * 32, "b" * 32, "c" * 32]
+    ids = [calls.new_task_id("default") for _ in range(3)]  # the queue's slot on a cluster
     await r.set(keys.task(ids[1]), "not a hash")
     [call] = calls.submit_calls(reqs, ids, queue.settings)
     replies = await queue.scripts.call(r, *call)
@@ -396,8 +400,9 @@ async def test_a_redis_error_in_one_task_of_a_batch(queue: Queue, r: Redis) -> N
     assert (await queue.get(ids[0])).payload == {"i": 0}
     assert (await queue.get(ids[2])).payload == {"i": 2}
     # Through the SDK: the task id is the id the store draws (dtq.calls draws the event ids).
-    await r.set(keys.task("d" * 32), "not a hash")
-    drawn = iter(["d" * 32])
+    forced = calls.new_task_id("default")
+    await r.set(keys.task(forced), "not a hash")
+    drawn = iter([forced])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("dtq.store.new_task_id", lambda queue: next(drawn))
         with pytest.raises(ResponseError, match="WRONGTYPE"):
@@ -416,8 +421,8 @@ async def test_recent_index_trimmed(make_queue: QueueFactory, r: Redis) -> None:
         assert all(isinstance(t, Task) for t in batch)
         batches.append([t.task_id for t in batch if isinstance(t, Task)])
     assert RECENT_CAP == 10_000
-    assert await r.zcard(keys.RECENT) == 10_000
-    kept = set(await r.zrange(keys.RECENT, 0, -1))
+    assert await r.zcard(keys.recent("default")) == 10_000
+    kept = set(await r.zrange(keys.recent("default"), 0, -1))
     # What the trim removed is the oldest: 50 tasks of the first batch, none of the later ones.
     assert all(tid in kept for batch in batches[1:] for tid in batch)
     assert len(set(batches[0]) - kept) == 50
@@ -464,7 +469,9 @@ async def test_expiration_fields(queue: Queue, r: Redis) -> None:
     got = await queue.get(by_ttl.task_id)
     assert got.expires_at == got.created_at + timedelta(seconds=60)
     assert got.expires_at == by_ttl.expires_at and got.expired_at is None
-    assert await r.zscore(keys.EXPIRY, got.task_id) == int(got.expires_at.timestamp() * 1000)
+    assert await r.zscore(keys.expiry("default"), got.task_id) == int(
+        got.expires_at.timestamp() * 1000
+    )
 
     by_delta = await queue.get((await queue.submit("echo_task", ttl=timedelta(minutes=2))).task_id)
     assert by_delta.expires_at == by_delta.created_at + timedelta(minutes=2)
@@ -484,7 +491,7 @@ async def test_expiration_fields(queue: Queue, r: Redis) -> None:
 
     plain = await queue.get((await queue.submit("echo_task")).task_id)
     assert plain.expires_at is None
-    assert await r.zscore(keys.EXPIRY, plain.task_id) is None
+    assert await r.zscore(keys.expiry("default"), plain.task_id) is None
 
 
 async def test_ttl_zero_is_expired_at_submit(queue: Queue, r: Redis) -> None:
@@ -497,7 +504,8 @@ async def test_ttl_zero_is_expired_at_submit(queue: Queue, r: Redis) -> None:
     got = await queue.get(task.task_id)
     assert got.status is TaskStatus.EXPIRED and got.expired_at == got.created_at
     assert await depth(r, "default") == 0
-    assert await r.zcard(keys.EXPIRY) == 0 and await r.zcard(keys.RETRY_SCHEDULE) == 0
+    assert await r.zcard(keys.expiry("default")) == 0
+    assert await r.zcard(keys.retry_schedule("default")) == 0
     record = json.loads(await r.get(keys.idempotency("default", "late")))
     assert record["state"] == "failed"
     replay = await queue.submit("echo_task", ttl_seconds=0, idempotency_key="late")

@@ -23,6 +23,7 @@ async def started_by(r: Redis, task_id: str, attempt: int, worker_id: str) -> bo
     return f"start:{attempt}:{worker_id}" in await calls(r, task_id)
 
 
+@pytest.mark.backends("single", "cluster")
 async def test_sigkilled_worker_task_is_finished_by_another(
     spawn: Callable[..., WorkerProcess], r: Redis, queue: Queue
 ) -> None:

@@ -25,6 +25,8 @@ from dtq_tasks import (
 from support import running_worker, wait_until
 from support.worker import DLQ_FIELDS, fast, finish_as, handlers, read_as, start_as, wait_status
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 
 async def flaky(payload: dict[str, Any], ctx: TaskContext) -> dict[str, int]:
     if ctx.attempt <= payload["fail_times"]:
@@ -97,7 +99,7 @@ async def test_always_fail_is_dead_lettered_with_every_dlq_field(
         h = await wait_status(r, task.task_id, "dead_lettered")
     assert h["attempt"] == "3" and h["error_class"] == "RetryableError"
     assert "\n" not in h["error_message"] and h["retryable"] == "1"
-    [(dlq_id, fields)] = await r.xrange(keys.DEAD_LETTER)
+    [(dlq_id, fields)] = await r.xrange(keys.dead_letter("default"))
     assert set(fields) == DLQ_FIELDS
     assert h["dlq_entry_id"] == dlq_id
     assert fields["task_id"] == task.task_id and fields["queue"] == "default"
@@ -121,7 +123,7 @@ async def test_always_fail_with_dlq_disabled_is_failed(
         h = await wait_status(r, task.task_id, "failed")
     assert h["attempt"] == "2"
     assert "dlq_entry_id" not in h
-    assert await r.xlen(keys.DEAD_LETTER) == 0
+    assert await r.xlen(keys.dead_letter("default")) == 0
 
 
 @pytest.mark.parametrize(
@@ -149,7 +151,7 @@ async def test_permanent_errors_end_after_one_attempt(
     assert h["attempt"] == "1" and h["error_class"] == error_class and h["retryable"] == "0"
     if message is not None:
         assert h["error_message"] == message
-    [(_, fields)] = await r.xrange(keys.DEAD_LETTER)
+    [(_, fields)] = await r.xrange(keys.dead_letter("default"))
     assert fields["last_error_class"] == error_class
 
 
@@ -324,11 +326,11 @@ async def test_retry_keeps_expires_at_and_expires_instead_of_running(
     task = await queue.submit("wt_f1", {}, max_attempts=5, ttl_seconds=1.0)
     async with running_worker(s, handlers(wt_f1=fail_once)):
         await wait_status(r, task.task_id, "retrying")
-        assert await r.zscore(keys.EXPIRY, task.task_id) is not None
+        assert await r.zscore(keys.expiry("default"), task.task_id) is not None
         h = await wait_status(r, task.task_id, "expired", timeout_s=5)
     assert calls == [1]
     assert h["expires_at"] == (await r.hget(keys.task(task.task_id), "expires_at"))
-    assert await r.zscore(keys.RETRY_SCHEDULE, task.task_id) is None
+    assert await r.zscore(keys.retry_schedule("default"), task.task_id) is None
 
 
 async def test_idempotent_submission_maps_to_one_task_and_record_completes(

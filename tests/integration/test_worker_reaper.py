@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 from dtq import Queue, keys
@@ -15,8 +16,14 @@ from dtq_tasks import TaskContext
 from support import running_worker, wait_until
 from support.worker import fast, handlers, read_as, start_as, stream_empty, wait_status
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 DEAD = "worker-deaddead"
-STREAM = keys.stream("default", 5)
+
+
+def default_stream() -> str:
+    """The default queue's p5 stream, in the layout of the test's backend."""
+    return keys.stream("default", 5)
 
 
 class Load:
@@ -39,7 +46,7 @@ class Load:
 
 async def _pending_of(r: Redis, consumer: str, idle_ms: int | None = None) -> list[str]:
     rows = await r.xpending_range(
-        STREAM, keys.CONSUMER_GROUP, "-", "+", 100, consumername=consumer, idle=idle_ms
+        default_stream(), keys.CONSUMER_GROUP, "-", "+", 100, consumername=consumer, idle=idle_ms
     )
     return [str(row["message_id"]) for row in rows]
 
@@ -69,7 +76,7 @@ async def test_fully_busy_worker_reclaims_dead_entries_on_its_first_pass(
         await wait_until(busy_and_dead_idle, 10, "worker busy, dead entries past the timeout")
         assert await w.reap_once() == 2
         assert await _pending_of(r, DEAD) == []
-        waiting = await r.xlen(STREAM) - len(await _pending_of(r, w.worker_id))
+        waiting = await r.xlen(default_stream()) - len(await _pending_of(r, w.worker_id))
         assert waiting > 0  # fresh entries were still queued at the pass: a busy worker
         first = await wait_status(r, read_only.task_id, "succeeded")
         second = await wait_status(r, crashed.task_id, "succeeded")
@@ -90,7 +97,7 @@ async def test_reaper_pass_with_nothing_idle_takes_no_slot(
     async with running_worker(s, handlers(wt_load=load), concurrency=2) as w:
         await wait_until(lambda: _has_pending(r, w.worker_id, 2), 10, "worker busy")
         assert await w.reap_once() == 0
-        await wait_until(lambda: stream_empty(r, STREAM), 20, "all 40 done")
+        await wait_until(lambda: stream_empty(r, default_stream()), 20, "all 40 done")
     assert len(load.started) == 40 and load.most == 2
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
-from dtq import Queue, keys
+from dtq import Queue, calls, keys
 from dtq.config import Settings
 from dtq_tasks import TaskContext
 from support import Events, running_worker, wait_until
@@ -26,6 +27,8 @@ from support.worker import (
     wait_status,
 )
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 
 class Recorder:
     """A handler that records each call (task id, attempt)."""
@@ -39,22 +42,30 @@ class Recorder:
 
 
 async def test_missing_hash_entry_is_acked_and_deleted(settings: Settings, r: Redis) -> None:
+    """Entries of no task: one with an id of the queue (its hash gone), and foreign writes, an
+    id or a queue that is not the stream's (on a cluster, keys of another slot, which no script
+    could serve). Each is consumed once and never run, never retried forever."""
     stream = keys.stream("default", 5)
     await r.xgroup_create(stream, keys.CONSUMER_GROUP, id="0", mkstream=True)
-    await r.xadd(
-        stream,
-        {
-            "task_id": "0" * 32,
-            "queue": "default",
-            "task_type": "wt_echo",
-            "payload": "{}",
-            "attempt": "1",
-            "max_attempts": "3",
-            "priority": "5",
-            "timeout_ms": "1000",
-            "idempotency_key": "",
-        },
-    )
+    for task_id, queue in (
+        (calls.new_task_id("default"), "default"),
+        ("0" * 32, "default"),
+        (calls.new_task_id("default"), "elsewhere"),
+    ):
+        await r.xadd(
+            stream,
+            {
+                "task_id": task_id,
+                "queue": queue,
+                "task_type": "wt_echo",
+                "payload": "{}",
+                "attempt": "1",
+                "max_attempts": "3",
+                "priority": "5",
+                "timeout_ms": "1000",
+                "idempotency_key": "",
+            },
+        )
     rec = Recorder()
     async with running_worker(fast(settings), handlers(wt_echo=rec)):
         await wait_until(lambda: stream_empty(r, stream), 5, "entry consumed")
@@ -118,7 +129,7 @@ async def test_cancelled_while_delivered_is_acked_and_never_runs(
     entry = await read_as(r, me)
     cancelled = await queue.cancel(task.task_id)
     assert cancelled.status == "cancelled"
-    assert await r.sismember(keys.CANCELLED, task.task_id)
+    assert await r.sismember(keys.cancelled("default"), task.task_id)
     assert await r.xlen(entry.stream) == 1  # left for its consumer
     rec = Recorder()
     async with running_worker(
@@ -126,7 +137,7 @@ async def test_cancelled_while_delivered_is_acked_and_never_runs(
     ):
         await wait_until(lambda: stream_empty(r, entry.stream), 5, "cancelled entry consumed")
     assert rec.calls == []
-    assert not await r.sismember(keys.CANCELLED, task.task_id)
+    assert not await r.sismember(keys.cancelled("default"), task.task_id)
     assert (await queue.get(task.task_id)).status == "cancelled"
 
 
@@ -195,7 +206,7 @@ async def test_redelivery_past_max_attempts_is_dead_lettered_worker_lost(
         await wait_until(lambda: _has(events, "TASK_DEAD_LETTERED", task.task_id), 5, "ev")
     assert rec.calls == []
     assert h["error_class"] == "WorkerLost"
-    dlq = await r.xrange(keys.DEAD_LETTER)
+    dlq = await r.xrange(keys.dead_letter("default"))
     assert len(dlq) == 1
     dlq_id, fields = dlq[0]
     assert set(fields) == DLQ_FIELDS
@@ -218,7 +229,7 @@ async def test_worker_lost_with_dlq_disabled_is_failed(
     async with running_worker(s, handlers(wt_echo=Recorder())):
         h = await wait_status(r, task.task_id, "failed")
     assert h["error_class"] == "WorkerLost"
-    assert await r.xlen(keys.DEAD_LETTER) == 0
+    assert await r.xlen(keys.dead_letter("default")) == 0
 
 
 async def test_cancel_requested_before_crash_is_cancelled_on_redelivery(
@@ -246,7 +257,7 @@ async def test_expired_entry_is_marked_expired_and_never_runs(
     h = await r.hgetall(keys.task(task.task_id))
     assert h["status"] == "expired" and h["expired_at"]
     assert await stream_empty(r, entry.stream)
-    assert await r.zscore(keys.EXPIRY, task.task_id) is None
+    assert await r.zscore(keys.expiry("default"), task.task_id) is None
     assert json.loads(await r.get(keys.idempotency("default", "k-exp")))["state"] == "failed"
 
     rec = Recorder()
@@ -274,7 +285,7 @@ async def test_start_sets_running_fields_and_removes_expiry_member(
     settings: Settings, r: Redis, queue: Queue
 ) -> None:
     task = await queue.submit("wt_echo", {}, ttl_seconds=60, timeout_ms=1234)
-    assert await r.zscore(keys.EXPIRY, task.task_id) is not None
+    assert await r.zscore(keys.expiry("default"), task.task_id) is not None
     entry = await read_as(r, "worker-aaaaaaaa")
     reply = await start_as(r, entry, "worker-aaaaaaaa", settings)
     assert reply.kind == "run" and reply.attempt == 1 and reply.timeout_ms == 1234
@@ -282,7 +293,9 @@ async def test_start_sets_running_fields_and_removes_expiry_member(
     h = await r.hgetall(keys.task(task.task_id))
     assert h["status"] == "running" and h["attempt"] == "1"
     assert h["worker_id"] == "worker-aaaaaaaa" and h["started_at"]
-    assert await r.zscore(keys.EXPIRY, task.task_id) is None  # a started task never expires
+    assert (
+        await r.zscore(keys.expiry("default"), task.task_id) is None
+    )  # a started task never expires
 
 
 async def test_queued_task_listed_as_cancelled_is_cancelled_at_start(
@@ -290,12 +303,12 @@ async def test_queued_task_listed_as_cancelled_is_cancelled_at_start(
 ) -> None:
     """The safety net of check 4: a QUEUED task in dtq:cancelled is cancelled, not run."""
     task = await queue.submit("wt_echo", {}, idempotency_key="k-net")
-    await r.sadd(keys.CANCELLED, task.task_id)
+    await r.sadd(keys.cancelled("default"), task.task_id)
     entry = await read_as(r, "worker-aaaaaaaa")
     reply = await start_as(r, entry, "worker-aaaaaaaa", settings)
     assert (reply.kind, reply.detail) == ("cancelled", "queued")
     assert (await queue.get(task.task_id)).status == "cancelled"
-    assert not await r.sismember(keys.CANCELLED, task.task_id)
+    assert not await r.sismember(keys.cancelled("default"), task.task_id)
     assert await stream_empty(r, entry.stream)
     assert json.loads(await r.get(keys.idempotency("default", "k-net")))["state"] == "failed"
 

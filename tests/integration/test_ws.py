@@ -79,6 +79,7 @@ async def recv_until(
 # -- lifecycle ------------------------------------------------------------------------------------
 
 
+@pytest.mark.backends("single", "cluster")
 async def test_lifecycle_events_in_order(server: Server, queue: Queue) -> None:
     async with (
         connect(server.ws_url("?queue=wsq")) as every,
@@ -123,6 +124,7 @@ async def test_lifecycle_events_in_order(server: Server, queue: Queue) -> None:
         ]
 
 
+@pytest.mark.backends("single", "cluster")
 async def test_task_id_filter_and_a_bad_filter(server: Server, queue: Queue) -> None:
     other = await queue.submit("api_echo", {}, queue="wsq")
     target = await queue.submit("api_echo", {}, queue="wsq")

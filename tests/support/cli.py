@@ -43,11 +43,12 @@ def clean_env(redis_url: str, **extra: str) -> dict[str, str]:
 class Cli:
     """``cli("list", "--json")`` runs ``dtq list --json`` and returns code, stdout, stderr.
 
-    ``env``: variables every run gets (a run's own ``env`` wins)."""
+    ``env``: variables every run gets (a run's own ``env`` wins); ``cluster``: the URL is a
+    Redis Cluster's (every run gets ``DTQ_REDIS_CLUSTER=1``)."""
 
-    def __init__(self, redis_url: str, **env: str) -> None:
+    def __init__(self, redis_url: str, *, cluster: bool = False, **env: str) -> None:
         self.redis_url = redis_url
-        self.env = env
+        self.env = {"DTQ_REDIS_CLUSTER": "1", **env} if cluster else env
 
     def __call__(
         self,
@@ -140,9 +141,10 @@ def _read_tty(master: int, proc: subprocess.Popen[bytes], timeout: float) -> byt
     return b"".join(chunks)
 
 
-def fast_settings(redis_url: str) -> Settings:
+def fast_settings(redis_url: str, *, cluster: bool = False) -> Settings:
     return Settings(
         redis_url=redis_url,
+        redis_cluster=cluster,
         heartbeat_interval_s=0.5,
         visibility_timeout_s=5,
         scheduler_interval_s=0.05,

@@ -11,7 +11,12 @@ order it ran the PUBLISHes.
 With sharded events (a cluster whose server has sharded pub/sub: :func:`dtq.keys.events`) a
 queue's events are on its own shard channel: ``Events(r, queues=[...])`` names the queues to
 follow (``default`` unless told), each SSUBSCRIBEd on its node, and :meth:`Events.sync` also
-SPUBLISHes a token on each of them (a text that is not JSON, which the API's hub ignores)."""
+SPUBLISHes a token on each of them (a text that is not JSON, which the API's hub ignores).
+
+On a Redis Cluster the classic channel's order holds per node only (a PUBLISH reaches the other
+nodes over the cluster bus), so the sync token is published on every primary and awaited from
+each; the block also starts with a sync, so that an event an earlier test published on another
+node, still on its way, is not taken for one of this block's."""
 
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import PubSub
 
 from dtq import keys
@@ -76,7 +81,7 @@ class Events:
         self.pubsub = r.pubsub()
         self.raw: list[dict[str, Any]] = []
         self.items: list[Event] = []
-        self._synced: dict[str, tuple[set[str], asyncio.Event]] = {}
+        self._synced: dict[str, tuple[dict[str, int], asyncio.Event]] = {}
         self._readers: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> Events:
@@ -89,7 +94,9 @@ class Events:
             await self.pubsub.ssubscribe(*self._shard_channels)  # type: ignore[attr-defined]
             for node_pubsub in self.pubsub.node_pubsub_mapping.values():  # type: ignore[attr-defined]
                 self._readers.append(asyncio.create_task(self._read(node_pubsub)))
-            await self.sync()  # each shard subscription confirmed by its first token
+        await self.sync()  # each shard subscription confirmed; nothing older counted
+        self.raw.clear()
+        self.items.clear()
         return self
 
     async def _read(self, pubsub: PubSub) -> None:
@@ -101,8 +108,9 @@ class Events:
             if channel == self._sync_channel or data.startswith(_TOKEN):
                 pending = self._synced.get(data.removeprefix(_TOKEN))
                 if pending is not None:
-                    pending[0].discard(channel)
-                    if not pending[0]:
+                    left = pending[0]
+                    left[channel] = left.get(channel, 1) - 1
+                    if all(n <= 0 for n in left.values()):
                         pending[1].set()
                 continue
             self.raw.append(json.loads(data))
@@ -139,11 +147,17 @@ class Events:
         """Wait until every event published before this call has arrived; returns ``raw``."""
         token = uuid.uuid4().hex
         shards = self._shard_channels if self._sharded else []
-        channels = {self._sync_channel, *shards}
+        cluster = isinstance(self._r, RedisCluster)
+        primaries = len(self._r.get_primaries()) if isinstance(self._r, RedisCluster) else 1
         arrived = asyncio.Event()
-        self._synced[token] = (set(channels), arrived)
+        self._synced[token] = ({self._sync_channel: primaries, **dict.fromkeys(shards, 1)}, arrived)
         try:
-            await self._r.publish(self._sync_channel, token)
+            if cluster:  # each primary's own PUBLISH, so every node's earlier messages are in
+                await self._r.execute_command(  # type: ignore[no-untyped-call]
+                    "PUBLISH", self._sync_channel, token, target_nodes=RedisCluster.PRIMARIES
+                )
+            else:
+                await self._r.publish(self._sync_channel, token)
             for channel in shards:
                 await self._r.spublish(channel, _TOKEN + token)
             await asyncio.wait_for(arrived.wait(), timeout_s)

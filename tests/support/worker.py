@@ -204,7 +204,10 @@ from dtq_tasks import TaskContext, task
 
 
 def _redis():
-    return redis.Redis.from_url(os.environ["DTQ_REDIS_URL"], decode_responses=True)
+    url = os.environ["DTQ_REDIS_URL"]
+    if os.environ.get("DTQ_REDIS_CLUSTER", "").lower() in {"1", "true", "yes", "on"}:
+        return redis.RedisCluster.from_url(url, decode_responses=True)
+    return redis.Redis.from_url(url, decode_responses=True)
 
 
 def _record(ctx: TaskContext, what: str) -> None:
@@ -267,7 +270,8 @@ def write_task_module(folder: Path, name: str = "sp_tasks") -> str:
 
 
 class WorkerProcess:
-    """``python -m dtq.worker`` in a subprocess; stopped by PID, output kept in a log file."""
+    """``python -m dtq.worker`` in a subprocess; stopped by PID, output kept in a log file.
+    ``cluster``: ``redis_url`` is a Redis Cluster's (``DTQ_REDIS_CLUSTER=1``)."""
 
     def __init__(
         self,
@@ -278,12 +282,15 @@ class WorkerProcess:
         args: tuple[str, ...] = (),
         env: Mapping[str, Any] | None = None,
         tasks: str = "sp_tasks",
+        cluster: bool = False,
     ) -> None:
         self.worker_id = worker_id
         self.log_path = folder / f"worker-{worker_id or 'x'}-{time.monotonic_ns()}.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_")}
         full_env.update({f"DTQ_{k.upper()}": str(v) for k, v in FAST.items()})
         full_env["DTQ_REDIS_URL"] = redis_url
+        if cluster:
+            full_env["DTQ_REDIS_CLUSTER"] = "1"
         full_env["DTQ_LOG_LEVEL"] = "INFO"
         full_env["DTQ_WORKER_METRICS_PORT"] = "0"  # no endpoint on 0.0.0.0 in tests
         full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "src")])

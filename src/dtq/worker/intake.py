@@ -288,11 +288,14 @@ class Intake:
         return got
 
     async def _drop_unusable(self, bad: Sequence[tuple[str, str]]) -> None:
-        """Entries without a task id cannot belong to any task: ACK + XDEL, and say so."""
+        """Entries without usable task fields (:meth:`Entry.parse`) cannot belong to any task:
+        ACK + XDEL, and say so."""
         pipe = self.redis.pipeline(transaction=False)
         for stream, entry_id in bad:
             log.error(
-                "stream %s entry %s has no task fields: acknowledged and deleted", stream, entry_id
+                "stream %s entry %s has no usable task fields: acknowledged and deleted",
+                stream,
+                entry_id,
             )
             pipe.xack(stream, keys.CONSUMER_GROUP, entry_id)
             pipe.xdel(stream, entry_id)
