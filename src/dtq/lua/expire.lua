@@ -27,6 +27,7 @@
 --   | {"keys", queue, priority, idempotency_key} (3 keys given, 5 needed: nothing changed)
 --   | {"err", "NOT_FOUND"} | {"err", "STATUS", status}
 local call = redis.call
+local publish = string.byte(ARGV[4], 5) == 123 and 'SPUBLISH' or 'PUBLISH'  -- as emit in _lib
 local sweep = ARGV[1] == 'sweep'
 local retention = tonumber(ARGV[2])
 local now = now_ms()
@@ -85,7 +86,7 @@ for i = 1, (#ARGV - 6) / 3 do
     idem_state(ikey, idem, task_id, 'failed', ts, ARGV[3])
     local meta = expired_meta
     if h[8] and h[8] ~= '' then meta = meta .. ',"expires_at":"' .. h[8] .. '"' end
-    call('PUBLISH', ARGV[4], '{"event_id":"' .. event_id .. '","ts":"' .. ts ..
+    call(publish, ARGV[4], '{"event_id":"' .. event_id .. '","ts":"' .. ts ..
       '","type":"TASK_EXPIRED","task_id":"' .. task_id .. '","queue":"' .. queue ..
       '","task_type":"' .. task_type .. '","attempt":' .. attempt .. ',"worker_id":null,"metadata":'
       .. meta .. '}}')
