@@ -66,7 +66,7 @@ def scheduler(queue: Queue, settings: Settings) -> Scheduler:
 async def test_delayed_task_promoted_at_its_due_time(
     queue: Queue, r: Redis, scheduler: Scheduler
 ) -> None:
-    async with Events(r) as events:
+    async with Events(r, queues=["mail"]) as events:
         task = await queue.submit(
             "echo_task",
             {"n": 1},
