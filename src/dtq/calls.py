@@ -357,6 +357,10 @@ class Entry:
     payload: str
     idempotency_key: str
     timeout_ms: int
+    key: str = field(init=False, repr=False, compare=False)  # entry_key(stream, entry_id)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", self.stream + " " + self.entry_id)
 
     @classmethod
     def parse(cls, stream: str, entry_id: str, fields: Mapping[str, str] | None) -> Entry | None:
@@ -386,6 +390,35 @@ class Entry:
             idempotency_key=fields.get("idempotency_key", ""),
             timeout_ms=timeout_ms,
         )
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """The keys of a queue that its start and finish scripts take, besides the task's own (the
+    shared ones in the flat layout): built once per queue, layout and events choice."""
+
+    cancelled: str
+    expiry: str
+    dead_letter: str
+    retry_schedule: str
+    events: str
+
+
+def queue_keys(queue: str) -> QueueKeys:
+    """:class:`QueueKeys` of ``queue``, cached."""
+    return _queue_keys(queue, keys.cluster_layout(), keys.sharded_events())
+
+
+@functools.lru_cache(maxsize=4096)
+def _queue_keys(queue: str, cluster: bool, sharded: bool) -> QueueKeys:
+    """:func:`queue_keys`, cached by what decides the names (the two flags are the key)."""
+    return QueueKeys(
+        keys.cancelled(queue),
+        keys.expiry(queue),
+        keys.dead_letter(queue),
+        keys.retry_schedule(queue),
+        keys.events(queue),
+    )
 
 
 def parse_read(
@@ -543,42 +576,37 @@ async def start_many(
     dlq = _flag(s.dlq_enabled)
     again = resume or {}
     lone = (token, "0")  # the two last ARGV of a call that resumes nothing
-    calls: list[Call] = [
-        (
-            "start",
-            [
-                keys.task(e.task_id),
-                keys.history(e.task_id),
-                e.stream,
-                keys.cancelled(e.queue),
-                keys.expiry(e.queue),
-                keys.idempotency(e.queue, e.idempotency_key),
-                keys.dead_letter(e.queue),
-                keys.payload(e.task_id),
-            ],
-            [
-                e.task_id,
-                e.entry_id,
-                worker_id,
-                keys.CONSUMER_GROUP,
-                s.task_retention_s,
-                s.idem_ttl_s,
-                keys.events(e.queue),
-                new_id(),
-                dlq,
-                s.dlq_maxlen,
-                *(
-                    (
-                        again.get(entry_key(e.stream, e.entry_id), token),
-                        _flag(entry_key(e.stream, e.entry_id) in again),
-                    )
-                    if again
-                    else lone
-                ),
-            ],
+    calls: list[Call] = []
+    for e in entries:
+        qk = queue_keys(e.queue)
+        calls.append(
+            (
+                "start",
+                [
+                    keys.task(e.task_id),
+                    keys.history(e.task_id),
+                    e.stream,
+                    qk.cancelled,
+                    qk.expiry,
+                    keys.idempotency(e.queue, e.idempotency_key),
+                    qk.dead_letter,
+                    keys.payload(e.task_id),
+                ],
+                [
+                    e.task_id,
+                    e.entry_id,
+                    worker_id,
+                    keys.CONSUMER_GROUP,
+                    s.task_retention_s,
+                    s.idem_ttl_s,
+                    qk.events,
+                    new_id(),
+                    dlq,
+                    s.dlq_maxlen,
+                    *((again.get(e.key, token), _flag(e.key in again)) if again else lone),
+                ],
+            )
         )
-        for e in entries
-    ]
     replies = await db.scripts.call_many(db.redis, calls)
     return [r if isinstance(r, Exception) else StartReply.parse(r) for r in replies]
 
@@ -623,18 +651,19 @@ def finish_call(
 ) -> Call:
     """The finish.lua call of one execution (sent in a batch by :func:`finish_many`)."""
     s = settings
+    qk = queue_keys(entry.queue)
     return (
         "finish",
         [
             keys.task(entry.task_id),
             keys.history(entry.task_id),
             entry.stream,
-            keys.retry_schedule(entry.queue),
-            keys.expiry(entry.queue),
+            qk.retry_schedule,
+            qk.expiry,
             keys.idempotency(entry.queue, entry.idempotency_key),
-            keys.dead_letter(entry.queue),
+            qk.dead_letter,
             keys.result(entry.task_id),
-            keys.cancelled(entry.queue),
+            qk.cancelled,
             keys.payload(entry.task_id),
         ],
         [
@@ -655,7 +684,7 @@ def finish_call(
             s.task_retention_s,
             s.result_retention_s,
             s.idem_ttl_s,
-            keys.events(entry.queue),
+            qk.events,
             new_id(),
             _flag(s.dlq_enabled),
             s.dlq_maxlen,

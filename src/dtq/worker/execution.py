@@ -182,7 +182,7 @@ class Executor:
         resume: dict[str, str] = {}
         starting = self._starting
         for entry in entries:
-            key = entry_key(entry.stream, entry.entry_id)
+            key = entry.key
             if key in self.inflight or key in starting:
                 if self.lost:
                     self.lost.pop(key, None)
@@ -202,7 +202,7 @@ class Executor:
         except TRANSIENT:
             self._capacity.release(len(todo))
             for entry in todo:
-                key = entry_key(entry.stream, entry.entry_id)
+                key = entry.key
                 self.lost[key] = (entry, resume.get(key, token))
             raise
         except BaseException:
@@ -210,12 +210,12 @@ class Executor:
             raise
         finally:
             for entry in todo:
-                starting.discard(entry_key(entry.stream, entry.entry_id))
+                starting.discard(entry.key)
         refused: Exception | None = None
         for entry, start in zip(todo, replies, strict=True):
             if isinstance(start, NOT_RUN):  # a cluster failover: kept to be started again
                 self._capacity.release()
-                key = entry_key(entry.stream, entry.entry_id)
+                key = entry.key
                 self.lost[key] = (entry, resume.get(key, token))
                 refused = start
                 continue
@@ -244,7 +244,7 @@ class Executor:
 
     def _launch(self, entry: Entry, start: StartReply) -> None:
         ex = Execution(entry, start)
-        self.inflight[entry_key(entry.stream, entry.entry_id)] = ex
+        self.inflight[entry.key] = ex
         if self.observers:
             wait_ms = None
             if start.attempt == 1 and start.created_ms is not None:
@@ -286,7 +286,7 @@ class Executor:
                 ex.attempt,
             )
         finally:
-            self.inflight.pop(entry_key(entry.stream, entry.entry_id), None)
+            self.inflight.pop(entry.key, None)
             self._release(ex)
 
     def _release(self, ex: Execution) -> None:
