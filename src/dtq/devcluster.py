@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import redis
 
-from dtq.devserver import RedisServer, find_redis_server, free_port
+from dtq.devserver import RedisServer, find_redis_server, free_port, server_args
 from dtq.errors import ConfigError
 
 __all__ = ["ClusterNode", "DevCluster", "start_cluster"]
@@ -320,15 +320,7 @@ def _launch(binary: str, data_dir: Path, node_timeout_ms: int, persistent: bool)
     (data_dir / "nodes.conf").unlink(missing_ok=True)
     log_path = data_dir / "redis.log"
     args = [
-        binary,
-        "--port", str(port),
-        "--bind", "127.0.0.1",
-        "--dir", str(data_dir),
-        "--logfile", str(log_path),
-        "--save", "",
-        "--appendonly", "yes" if persistent else "no",
-        "--maxmemory-policy", "noeviction",
-        "--daemonize", "no",
+        *server_args(binary, port, data_dir, persistent),
         "--cluster-enabled", "yes",
         "--cluster-config-file", "nodes.conf",
         "--cluster-node-timeout", str(node_timeout_ms),

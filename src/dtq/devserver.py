@@ -36,6 +36,7 @@ __all__ = [
     "RedisServer",
     "find_redis_server",
     "free_port",
+    "server_args",
     "start_redis",
     "url_answers",
 ]
@@ -135,6 +136,22 @@ class RedisServer:
             self.process.wait(timeout_s)
 
 
+def server_args(binary: str, port: int, data_dir: Path, persistent: bool) -> list[str]:
+    """The command line of a private server: 127.0.0.1 only, its data and ``redis.log`` in
+    ``data_dir``, no RDB, AOF when ``persistent``, never evicting, in the foreground."""
+    return [
+        binary,
+        "--port", str(port),
+        "--bind", "127.0.0.1",
+        "--dir", str(data_dir),
+        "--logfile", str(data_dir / "redis.log"),
+        "--save", "",
+        "--appendonly", "yes" if persistent else "no",
+        "--maxmemory-policy", "noeviction",
+        "--daemonize", "no",
+    ]  # fmt: skip
+
+
 def start_redis(
     data_dir: Path,
     *,
@@ -149,17 +166,7 @@ def start_redis(
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "redis.log"
-    args = [
-        binary,
-        "--port", str(port),
-        "--bind", "127.0.0.1",
-        "--dir", str(data_dir),
-        "--logfile", str(log_path),
-        "--save", "",
-        "--appendonly", "yes" if persistent else "no",
-        "--maxmemory-policy", "noeviction",
-        "--daemonize", "no",
-    ]  # fmt: skip
+    args = server_args(binary, port, data_dir, persistent)
     # Own session: a terminal's Ctrl-C must not reach it; its owner stops it by PID, last.
     proc = subprocess.Popen(  # noqa: S603
         args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
