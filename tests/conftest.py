@@ -17,6 +17,9 @@ from dtq.config import Settings
 from dtq.devserver import SERVER_ENV, RedisServer, find_redis_server, start_redis
 from dtq.errors import ConfigError
 
+# The chaos seed and figures: run-wide, so in the process that starts the run (also xdist's).
+pytest_plugins = ("support.chaos_run",)
+
 
 def pytest_report_header() -> str:
     """Which server binary this run starts (``make test`` runs on two)."""
