@@ -27,9 +27,13 @@ VALKEY_TESTS := tests/integration/test_scripts.py tests/integration/test_worker_
 	tests/integration/test_expiration*.py tests/integration/test_expiry_sweep.py \
 	tests/integration/test_scheduler.py tests/integration/test_no_replay.py tests/chaos
 
+# Both parts spread their tests over PYTEST_WORKERS processes (pytest-xdist), each with its own
+# private server: the suite waits on servers and subprocesses far more than it computes, so
+# four workers keep two cores busy. PYTEST_WORKERS=0 runs one process.
+PYTEST_WORKERS ?= 4
 test: lint
-	DTQ_REDIS_SERVER=$(DTQ_REDIS_SERVER) $(BIN)/pytest
-	DTQ_REDIS_SERVER=valkey $(BIN)/pytest -p no:cacheprovider $(VALKEY_TESTS)
+	DTQ_REDIS_SERVER=$(DTQ_REDIS_SERVER) $(BIN)/pytest -n $(PYTEST_WORKERS)
+	DTQ_REDIS_SERVER=valkey $(BIN)/pytest -p no:cacheprovider -n $(PYTEST_WORKERS) $(VALKEY_TESTS)
 
 run: $(STAMP)
 	$(BIN)/dtq dev
