@@ -3,7 +3,7 @@ processes (a private redis-server, worker subprocesses, the API under uvicorn) o
 injects its faults, waits for quiescence and checks its invariants; the figures go to the
 table printed at the end of the run.
 
-``make test`` runs them reduced (a few hundred tasks each, about 3.5 minutes in all), twice:
+``make test`` runs them reduced (a few hundred tasks each, about 3.5 minutes of work), twice:
 on redis-server 6.2.5, then on valkey-server 8.1; ``make chaos`` (``DTQ_CHAOS_FULL=1``) runs
 10,000 tasks per scenario. A failure names the
 seed: ``DTQ_CHAOS_SEED=<seed>`` replays the same random choices.
