@@ -31,9 +31,13 @@ VALKEY_TESTS := tests/integration/test_scripts.py tests/integration/test_worker_
 	tests/integration/test_devcluster.py tests/integration/test_replicated_submit.py \
 	tests/integration/test_sentinel.py tests/integration/test_cluster_surfaces.py tests/chaos
 
+# Both parts spread their tests over PYTEST_WORKERS processes (pytest-xdist), each with its own
+# private server: the suite waits on servers and subprocesses far more than it computes, so
+# four workers keep two cores busy. PYTEST_WORKERS=0 runs one process.
+PYTEST_WORKERS ?= 4
 test: lint
-	DTQ_REDIS_SERVER=$(DTQ_REDIS_SERVER) $(BIN)/pytest
-	DTQ_REDIS_SERVER=valkey $(BIN)/pytest -p no:cacheprovider $(VALKEY_TESTS)
+	DTQ_REDIS_SERVER=$(DTQ_REDIS_SERVER) $(BIN)/pytest -n $(PYTEST_WORKERS)
+	DTQ_REDIS_SERVER=valkey $(BIN)/pytest -p no:cacheprovider -n $(PYTEST_WORKERS) $(VALKEY_TESTS)
 
 run: $(STAMP)
 	$(BIN)/dtq dev

@@ -30,6 +30,9 @@ from dtq.devsentinel import DevSentinel, start_sentinel_group
 from dtq.devserver import SERVER_ENV, RedisServer, find_redis_server, start_redis
 from dtq.errors import ConfigError
 
+# The chaos seed and figures: run-wide, so in the process that starts the run (also xdist's).
+pytest_plugins = ("support.chaos_run",)
+
 BACKENDS = ("single", "cluster")
 
 

@@ -43,6 +43,7 @@ __all__ = [
 
 SERVER_ENV = "DTQ_REDIS_SERVER"
 SERVER_KINDS = ("auto", "redis", "valkey", "system")
+PORT_TRIES = 5  # free ports tried by start_redis before it gives up
 
 INSTALL_HINT = (
     "no redis-server found: install one (Debian/Ubuntu: apt-get install redis-server; "
@@ -161,9 +162,26 @@ def start_redis(
     timeout_s: float = 10,
 ) -> RedisServer:
     """Start a private server on 127.0.0.1 and wait until it answers PING; ``binary``
-    defaults to :func:`find_redis_server`'s choice."""
+    defaults to :func:`find_redis_server`'s choice. Without ``port``, a free one is picked;
+    when another process takes it before the server binds it (parallel test runs start many
+    servers), a fresh port is tried, a few times."""
     binary = binary or find_redis_server()
-    port = port or free_port()
+    for _ in range(0 if port else PORT_TRIES - 1):
+        with contextlib.suppress(_PortTakenError):
+            return _start(binary, data_dir, free_port(), persistent, timeout_s)
+    try:
+        return _start(binary, data_dir, port or free_port(), persistent, timeout_s)
+    except _PortTakenError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+class _PortTakenError(Exception):
+    """The chosen port is held by another process."""
+
+
+def _start(
+    binary: str, data_dir: Path, port: int, persistent: bool, timeout_s: float
+) -> RedisServer:
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "redis.log"
     args = server_args(binary, port, data_dir, persistent)
@@ -176,10 +194,27 @@ def start_redis(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             log = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+            if "in use" in log:  # "Address already in use", the bind's error
+                raise _PortTakenError(f"{binary}: port {port} is in use")
             raise ConfigError(f"{binary} exited at start (code {proc.returncode}): {log}")
-        if url_answers(server.url, timeout_s=0.2):
+        pid = _answering_pid(server.url)
+        if pid == proc.pid:
             return server
+        if pid is not None:  # another server holds the port: ours will fail to bind it
+            server.stop()
+            raise _PortTakenError(f"{binary}: port {port} is held by process {pid}")
         time.sleep(0.05)
     with contextlib.suppress(Exception):
         server.stop()
     raise ConfigError(f"{binary} did not answer on port {port} within {timeout_s}s")
+
+
+def _answering_pid(url: str) -> int | None:
+    """The process id of the server answering at ``url``, or None if none answers yet."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.2, socket_timeout=0.2)
+    try:
+        return int(client.info("server")["process_id"])
+    except (redis.RedisError, OSError):
+        return None
+    finally:
+        client.close()

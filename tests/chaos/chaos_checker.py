@@ -301,44 +301,6 @@ def dup_unexplained(rep: Report, faulty_pids: set[int]) -> list[str]:
     return out
 
 
-def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The figures as a Markdown table."""
-    cols = [
-        ("scenario", "scenario"),
-        ("accepted", "accepted"),
-        ("lost", "lost"),
-        ("dup_exec", "dup_exec"),
-        ("dup_per_10k", "dup /10k"),
-        ("terminal_conflicts", "terminal conflicts"),
-        ("late_exec", "late_exec"),
-        ("recovery_s", "recovery s"),
-        ("p50_ms", "p50 ms"),
-        ("p99_ms", "p99 ms"),
-        ("throughput", "tasks/s"),
-        ("refused", "refused"),
-        ("unknown", "unknown"),
-    ]
-    lines = [
-        "| " + " | ".join(title for _, title in cols) + " | notes |",
-        "|" + "---|" * (len(cols) + 1),
-    ]
-    for row in rows:
-        cells = [_cell(row.get(key)) for key, _ in cols]
-        notes = "; ".join(f"{k}={_cell(v)}" for k, v in row.items() if k not in dict(cols))
-        lines.append("| " + " | ".join(cells) + f" | {notes} |")
-    return "\n".join(lines)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "-"
-        return f"{value:.0f}" if abs(value) >= 100 else f"{value:.2f}"
-    return str(value)
-
-
 QUIET_S = 90.0  # the longest a scenario waits for quiescence before calling what is left lost
 # After quiescence the workers run on this long: an entry left pending by mistake would be
 # reclaimed (visibility timeout + a reaper pass, with its 20 % jitter) and run late meanwhile.

@@ -76,11 +76,6 @@ def settings_for(url: str, **overrides: Any) -> Settings:
     return Settings(redis_url=url, **values)
 
 
-def full_run() -> bool:
-    """``make chaos`` (DTQ_CHAOS_FULL=1): full sizes; otherwise the reduced run."""
-    return os.environ.get("DTQ_CHAOS_FULL") == "1"
-
-
 def now_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_REALTIME)
 

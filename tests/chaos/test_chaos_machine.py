@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 
 import pytest
 from chaos_bounds import audit_keys
-from chaos_harness import full_run
 from hypothesis import HealthCheck, Phase, event
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
@@ -63,6 +62,7 @@ from dtq.config import Settings
 from dtq.errors import DtqError
 from dtq.scripts import Scripts
 from dtq.worker.scheduler import Scheduler
+from support.chaos_run import full_run
 
 T = TypeVar("T")
 QUEUE = "default"

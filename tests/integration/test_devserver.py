@@ -59,3 +59,30 @@ def test_a_path_or_a_bad_name(tmp_path: Path) -> None:
         find_redis_server(str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="expected one of auto, redis, valkey, system"):
         find_redis_server("keydb")
+
+
+def test_a_port_another_server_holds_is_never_taken_for_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parallel runs start many servers: a port taken between the choice and the bind is
+    given up for a fresh one (the first server to answer there is not ours), or, when the
+    caller named the port, an error."""
+    import dtq.devserver as devserver
+
+    held = start_redis(tmp_path / "held")
+    try:
+        with pytest.raises(ConfigError, match=f"port {held.port} is (in use|held by)"):
+            start_redis(tmp_path / "named", port=held.port)
+        ports = iter([held.port, held.port])
+        real_free_port = devserver.free_port
+        monkeypatch.setattr(devserver, "free_port", lambda: next(ports, None) or real_free_port())
+        ours = start_redis(tmp_path / "ours")
+        try:
+            assert ours.port != held.port
+            client = redis.Redis.from_url(ours.url)
+            assert int(client.info("server")["process_id"]) == ours.pid
+            client.close()
+        finally:
+            ours.stop()
+    finally:
+        held.stop()

@@ -73,6 +73,18 @@ async def test_a_restart_after_a_clean_stop_or_a_stale_heartbeat_is_accepted(
     assert not [rec for rec in caplog.records if WAITING in rec.getMessage()]
 
 
+async def _beat_as(r: Redis, worker_id: str, heartbeat_interval_s: float) -> int:
+    """One beat in a crashed worker's name, written as its heartbeat thread writes it (the
+    time and the hash's TTL): a restart started right after meets a fresh beat, however long
+    the processes before it took to start on a loaded machine. Returns the beat's time."""
+    now_ms = await redis_time_ms(r)
+    pipe = r.pipeline(transaction=False)
+    pipe.hset(keys.worker(worker_id), "last_heartbeat_ms", now_ms)
+    pipe.pexpire(keys.worker(worker_id), stale_after_ms(heartbeat_interval_s))
+    await pipe.execute()
+    return now_ms
+
+
 async def test_a_restart_after_a_crash_waits_until_the_old_heartbeat_is_stale(
     spawn: Callable[..., WorkerProcess], r: Redis
 ) -> None:
@@ -81,13 +93,14 @@ async def test_a_restart_after_a_crash_waits_until_the_old_heartbeat_is_stale(
     await wait_worker_ready(r, "worker-crash001")
     a.signal(signal.SIGKILL)
     a.wait(5)
-    beat_ms = int(await r.hget(keys.worker("worker-crash001"), "last_heartbeat_ms") or 0)
     # One stopped while it waits leaves as it came: exit 0, nothing written.
+    await _beat_as(r, "worker-crash001", 2.0)
     early = spawn("worker-crash001", **env)
     await wait_until(lambda: _logged(early, WAITING), 10, "the first restart waits")
     early.signal(signal.SIGTERM)
     assert early.wait(10) == 0, early.output()
     assert await r.hget(keys.worker("worker-crash001"), "pid") == str(a.pid)
+    beat_ms = await _beat_as(r, "worker-crash001", 2.0)
     b = spawn("worker-crash001", **env)
 
     async def b_ready() -> bool:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import random
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -39,14 +41,28 @@ CHROMIUM_FLAGS = [
 APT_UPDATE_TIMEOUT_S = 300
 APT_INSTALL_TIMEOUT_S = 600
 API_KEY = "dash-test-key"
+INSTALL_LOCK = os.path.join(tempfile.gettempdir(), "dtq-tests-chromium-install.lock")
 
 
 def ensure_chromium() -> str:
     """The path of Debian's chromium, installing it (apt-get, as root) when it is missing.
 
-    Skips the calling tests with the reason when it cannot be installed."""
+    Skips the calling tests with the reason when it cannot be installed. Parallel test
+    workers install it one at a time (a second apt-get would fail on dpkg's lock): each waits
+    for :data:`INSTALL_LOCK`, then looks again."""
     if os.access(CHROMIUM, os.X_OK):
         return CHROMIUM
+    with open(INSTALL_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _install_chromium()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _install_chromium() -> str:
+    if os.access(CHROMIUM, os.X_OK):
+        return CHROMIUM  # another worker installed it meanwhile
     apt = shutil.which("apt-get")
     if apt is None:
         pytest.skip(f"{CHROMIUM} is missing and there is no apt-get to install it")
