@@ -30,7 +30,7 @@ from typing import Any, Concatenate, ParamSpec, Self, TypeVar, Unpack
 
 from pydantic import BaseModel
 from redis.asyncio import Redis
-from redis.exceptions import ClusterDownError, ResponseError, TryAgainError
+from redis.exceptions import ClusterDownError, RedisClusterException, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -78,7 +78,8 @@ def _redis_errors(
 ) -> Callable[P, Coroutine[Any, Any, R]]:
     """Turn connection failures into RedisUnavailableError naming the URL, and a Redis
     Cluster's refusals to run a command for now too (CLUSTERDOWN while a failover is under way,
-    TRYAGAIN during a slot migration: the command did not run)."""
+    TRYAGAIN during a slot migration: the command did not run), and a cluster whose slot map
+    the client cannot get whole."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -90,6 +91,7 @@ def _redis_errors(
             OSError,
             ClusterDownError,
             TryAgainError,
+            RedisClusterException,  # no node gave a slot map covering every slot
         ) as exc:
             q = args[0]
             where = describe_redis(q.settings) if isinstance(q, Queue) else "?"

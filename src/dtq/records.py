@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
+from redis.exceptions import ClusterDownError, ResponseError, TryAgainError
 
 from dtq import keys
 from dtq.models import parse_ts
@@ -81,7 +82,14 @@ def read_depth(pipe: Any, queue: str) -> None:
 def queue_depth(replies: Sequence[Any]) -> tuple[int, int]:
     """(depth, pending) of one queue from the replies of :func:`read_depth`: the entries in its
     streams (waiting + in flight, DESIGN 3) and those delivered and not acknowledged. A stream
-    or group that does not exist yet answers an error: it counts 0."""
+    or group that does not exist yet answers an error: it counts 0. A reply that says the read
+    did not happen (a lost connection, a cluster answering CLUSTERDOWN or TRYAGAIN during a
+    failover) is raised: a queue is never reported empty for want of an answer."""
+    for reply in replies:
+        if isinstance(reply, (ClusterDownError, TryAgainError)) or (
+            isinstance(reply, Exception) and not isinstance(reply, ResponseError)
+        ):
+            raise reply
     depth = sum(int(n) for n in replies[0::2] if not isinstance(n, Exception))
     pending = 0
     for reply in replies[1::2]:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis as sync_redis
@@ -189,3 +189,29 @@ async def test_a_start_refused_by_a_down_cluster_is_sent_again(
     assert refused and runs == [1]
     assert [h.to_status for h in history] == ["queued", "running", "succeeded"]
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_queue_figures_of_a_down_cluster_are_an_error_not_zero(
+    dq: Queue, dsettings: Settings, one_node: DevCluster
+) -> None:
+    """While the cluster answers CLUSTERDOWN, a queue's stats and the Redis gauges fail as Redis
+    unavailable (the SDK) or are not collected (the gauges): never a queue reported empty."""
+    from redis.asyncio import Redis
+
+    from dtq.metrics.redis_gauges import RedisGauges
+
+    for i in range(3):
+        await dq.submit("echo_task", {"i": i}, queue=QUEUE)
+    assert (await dq.queue_stats(QUEUE)).depth == 3
+    gauges = RedisGauges(dsettings)
+    await gauges.refresh(cast(Redis, dq.redis))
+    assert {m.name for m in gauges.collect()} >= {"dtq_queue_depth"}
+    await _set_state(one_node, "fail")
+    try:
+        with pytest.raises(RedisUnavailableError):
+            await dq.queue_stats(QUEUE)
+        await gauges.refresh(cast(Redis, dq.redis))
+        assert list(gauges.collect()) == []  # nothing collected, rather than zeros
+    finally:
+        await _set_state(one_node, "ok")
+    assert (await dq.queue_stats(QUEUE)).depth == 3

@@ -3,6 +3,8 @@ the scheduler leader share, and the depth/pending sums of a queue's streams."""
 
 from __future__ import annotations
 
+from redis.exceptions import ResponseError
+
 from dtq.records import STALE_HEARTBEATS, queue_depth, stale_after_ms, worker_liveness
 
 NOW_MS = 1_800_000_000_000
@@ -46,6 +48,24 @@ def test_the_iso_heartbeat_counts_when_the_ms_field_is_missing() -> None:
 
 
 def test_depth_and_pending_sum_the_streams_and_count_missing_ones_as_zero() -> None:
-    missing = Exception("NOGROUP")
+    missing = ResponseError("NOGROUP No such key or consumer group")  # what redis-py gives
     replies = [3, {"pending": 1}, 0, missing, 5, {"pending": 2}, 0, None]
     assert queue_depth(replies) == (8, 3)
+
+
+def test_a_queue_is_never_empty_for_want_of_an_answer() -> None:
+    """A stream or group that does not exist counts 0; a reply that says the read did not
+    happen (CLUSTERDOWN during a failover, TRYAGAIN, a lost connection) is raised."""
+    import pytest
+    from redis.exceptions import ClusterDownError, TryAgainError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    nogroup = ResponseError("NOGROUP No such key 'dtq:stream:q:p9' or consumer group")
+    assert queue_depth([3, {"pending": 1}, 0, nogroup]) == (3, 1)
+    for missing in (
+        ClusterDownError("CLUSTERDOWN"),
+        TryAgainError("TRYAGAIN"),
+        RedisConnectionError(),
+    ):
+        with pytest.raises(type(missing)):
+            queue_depth([3, {"pending": 1}, missing, nogroup])

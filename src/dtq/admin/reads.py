@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from redis.exceptions import ResponseError
+from redis.exceptions import ClusterDownError, ResponseError, TryAgainError
 
 from dtq import keys
 from dtq.admin._common import LIST_CAP, SCAN_CHUNK, check_queue, newest_entries
@@ -56,8 +56,10 @@ async def _stats(store: Store, queues: Sequence[str]) -> list[QueueStats]:
     pipe.execute_command("TIME")  # not .time(): a cluster pipeline refuses that name
     replies = await pipe.execute(raise_on_error=False)
     for reply in replies:
-        if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
-            raise reply
+        if isinstance(reply, (ClusterDownError, TryAgainError)) or (
+            isinstance(reply, Exception) and not isinstance(reply, ResponseError)
+        ):
+            raise reply  # no answer (a failover under way) is no figure
     members, now = replies[-2:]
     dlq_depth = sum(int(n) for n in replies[-2 - len(dead_letters) : -2])
     live = [w for w in await _worker_infos(store, members, time_reply_ms(now)) if w.alive]

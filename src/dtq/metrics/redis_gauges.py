@@ -11,7 +11,13 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import (
+    ClusterDownError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 
 from dtq import keys
 from dtq.clock import RedisClock, local_ms
@@ -119,7 +125,7 @@ class RedisGauges:
             try:
                 async with asyncio.timeout(self.timeout_s):
                     self._snapshot = await self._read(redis)
-            except (RedisError, OSError, TimeoutError) as exc:
+            except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
                 self._snapshot = None
                 self._op(False)
                 log.warning("metrics: Redis gauges not collected: %s", exc)
@@ -332,6 +338,8 @@ async def _execute(pipe: Any) -> list[Any]:
     replies: list[Any] = await pipe.execute(raise_on_error=False)
     for reply in replies:
         # XPENDING on a stream (or group) that does not exist yet answers an error: that is 0.
-        if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
-            raise reply
+        if isinstance(reply, (ClusterDownError, TryAgainError)) or (
+            isinstance(reply, Exception) and not isinstance(reply, ResponseError)
+        ):
+            raise reply  # no answer is no figure: a failover must not read as empty queues
     return replies

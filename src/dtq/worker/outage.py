@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from redis.exceptions import ClusterDownError, TryAgainError
+from redis.exceptions import ClusterDownError, RedisClusterException, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -51,10 +51,11 @@ NOT_RUN = (ClusterDownError, TryAgainError)
 is under way (every node refuses every command until a replica serves the dead primary's
 slots), TRYAGAIN during a slot migration. Sending the command again is safe."""
 
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError, *NOT_RUN)
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException, *NOT_RUN)
 """Errors that mean "Redis did not answer" (redis-py's BusyLoadingError, while a restarted Redis
-loads its data, is a ConnectionError) or did not run the command for now (:data:`NOT_RUN`):
-the loops retry them and this class reports them."""
+loads its data, is a ConnectionError; its RedisClusterException, when no node it knows gives it
+a slot map that covers every slot), or did not run the command for now (:data:`NOT_RUN`): the
+loops retry them and this class reports them."""
 
 
 class RedisOutage:
