@@ -165,8 +165,10 @@ async def test_task_moves_to_succeeded_on_screen_without_reload(
     ui: Watched, server: ApiServer, queue: Queue, dash_settings: Settings
 ) -> None:
     async with running_worker(dash_settings, queues=("dash-t",)):
+        # Due in 5 s: long enough for a page to open on a busy machine (parallel tests) while
+        # the task still waits, so the page sees it pending and then, without reload, done.
         task = await queue.submit(
-            "api_echo", {"hello": "world"}, queue="dash-t", delay_seconds=2, ttl_seconds=300
+            "api_echo", {"hello": "world"}, queue="dash-t", delay_seconds=5, ttl_seconds=300
         )
         await open_dashboard(ui, server, f"#/task/{task.task_id}")
         status = ui.page.get_by_test_id("task-status")
@@ -187,7 +189,7 @@ async def test_task_moves_to_succeeded_on_screen_without_reload(
 
         # The list, filtered by queue, shows a new task and its end without reload too.
         await ui.page.goto(f"{server.url}/dashboard/#/tasks?queue=dash-t")
-        second = await queue.submit("api_echo", {}, queue="dash-t", delay_seconds=1)
+        second = await queue.submit("api_echo", {}, queue="dash-t", delay_seconds=3)
         line = ui.page.locator(f'[data-testid="tasks"] tr[data-task="{second.task_id}"]')
         await expect(line.locator('[data-col="status"]')).to_have_text("pending", timeout=SECONDS)
         await expect(line.locator('[data-col="status"]')).to_have_text("succeeded", timeout=SECONDS)
