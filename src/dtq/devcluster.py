@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import redis
 
-from dtq.devserver import RedisServer, find_redis_server, free_port, server_args
+from dtq.devserver import RedisServer, find_redis_server, free_port, server_args, url_answers
 from dtq.errors import ConfigError
 
 __all__ = ["ClusterNode", "DevCluster", "start_cluster"]
@@ -167,7 +167,7 @@ class DevCluster:
             for i in sorted(waiting):
                 server = servers[i]
                 if server.process.poll() is None:
-                    if _answers(server.port):
+                    if url_answers(f"redis://127.0.0.1:{server.port}/0", 0.2):
                         waiting.discard(i)
                     continue
                 if attempts[i] == START_ATTEMPTS:
@@ -352,16 +352,6 @@ def _cluster_port() -> int:
 def _command(client: redis.Redis, *args: str | int) -> Any:
     """One command, its reply as the server sent it (no redis-py parsing of CLUSTER NODES)."""
     return client.execute_command(*args)  # type: ignore[no-untyped-call]
-
-
-def _answers(port: int) -> bool:
-    client = redis.Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.2)
-    try:
-        return bool(client.ping())
-    except (redis.RedisError, OSError):
-        return False
-    finally:
-        client.close()
 
 
 def _log_tail(server: RedisServer) -> str:

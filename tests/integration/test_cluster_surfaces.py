@@ -18,7 +18,6 @@ import pytest
 import redis as sync_redis
 from redis.asyncio import RedisCluster
 from redis.exceptions import RedisError
-from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
 from dtq import connect, keys
@@ -28,7 +27,14 @@ from dtq.config import Settings
 from dtq.devcluster import start_cluster
 from dtq.errors import RedisUnavailableError
 from support import running_worker, wait_until
-from support.api import API_KEY, ApiServer, api_server, api_settings, running_api
+from support.api import (
+    API_KEY,
+    ApiServer,
+    api_server,
+    api_settings,
+    recv_until,
+    running_api,
+)
 from support.events import Events
 
 QUEUES = tuple(f"q{i}" for i in range(6))
@@ -80,16 +86,6 @@ def hub_of(server: ApiServer) -> EventHub:
     state: ApiState = server.app.state.dtq
     assert state.hub is not None
     return state.hub
-
-
-async def recv_until(
-    ws: ClientConnection, done: Callable[[list[dict[str, Any]]], bool], within_s: float = 15.0
-) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    async with asyncio.timeout(within_s):
-        while not done(events):
-            events.append(json.loads(await ws.recv()))
-    return events
 
 
 def succeeded(task_ids: set[str]) -> Callable[[list[dict[str, Any]]], bool]:

@@ -5,7 +5,6 @@ client closed with 1013 past the cap, server memory bounded)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
@@ -13,11 +12,10 @@ import socket
 import time
 import tracemalloc
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 import pytest
 import redis as sync_redis
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
@@ -29,7 +27,7 @@ from dtq.api.deps import ApiState
 from dtq.api.ws import BUFFER_SIZE, EventHub
 from dtq.config import Settings
 from support import running_worker
-from support.api import ApiServer, api_settings
+from support.api import ApiServer, api_settings, recv_until
 
 MB = 1024 * 1024
 
@@ -64,16 +62,6 @@ def wait_for(predicate: Callable[[], bool], within_s: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {within_s} s")
         time.sleep(0.01)
-
-
-async def recv_until(
-    ws: ClientConnection, done: Callable[[list[dict[str, Any]]], bool], within_s: float = 15.0
-) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    async with asyncio.timeout(within_s):
-        while not done(events):
-            events.append(json.loads(await ws.recv()))
-    return events
 
 
 # -- lifecycle ------------------------------------------------------------------------------------

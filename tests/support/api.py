@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
+from websockets.asyncio.client import ClientConnection
 
 from dtq.api import create_app
 from dtq.config import Settings
@@ -142,3 +144,15 @@ async def api_server(settings: Settings, port: int | None = None) -> AsyncIterat
         yield server
     finally:
         await asyncio.to_thread(server.stop)
+
+
+async def recv_until(
+    ws: ClientConnection, done: Callable[[list[dict[str, Any]]], bool], within_s: float = 15.0
+) -> list[dict[str, Any]]:
+    """The events a WebSocket client receives until ``done`` says they are enough (a deadline,
+    never a bare wait)."""
+    events: list[dict[str, Any]] = []
+    async with asyncio.timeout(within_s):
+        while not done(events):
+            events.append(json.loads(await ws.recv()))
+    return events
