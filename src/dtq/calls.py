@@ -45,7 +45,11 @@ __all__ = [
     "DlqReply",
     "Entry",
     "ExpireReply",
+    "FireCandidate",
+    "FireDecision",
+    "FireReply",
     "FinishReply",
+    "Firing",
     "LostEntry",
     "Outcome",
     "PromoteReply",
@@ -67,6 +71,8 @@ __all__ = [
     "drop_consumers",
     "expire",
     "expire_sweep",
+    "fire",
+    "fire_call",
     "finish_call",
     "finish_many",
     "lock",
@@ -77,6 +83,8 @@ __all__ = [
     "read",
     "recover_many",
     "remove_queue",
+    "schedule_put",
+    "schedule_set",
     "set_paused",
     "start_many",
     "submit",
@@ -1317,3 +1325,190 @@ async def recover_many(
         r if isinstance(r, Exception) else [str(x) for x in r]
         for r in await db.scripts.call_many(db.redis, calls)
     ]
+
+
+# -- fire.lua, schedule_put.lua, schedule_set.lua (docs/schedules.md) -----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FireCandidate:
+    """One tick a fire.lua call decides: ``kind`` is ``tick`` (due by the schedule),
+    ``buffered`` (a tick the buffer_one policy held back) or ``trigger`` (a manual firing);
+    ``request`` and ``task_id``: the task it makes if it fires."""
+
+    tick_ms: int
+    kind: Literal["tick", "buffered", "trigger"]
+    request: SubmitRequest
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Firing:
+    """What one fire.lua call is asked to do for schedule ``name`` (its tasks go to
+    ``queue``): the hash's ``rev`` it was planned from, the candidates, the cursor after them
+    (tick mode; None: no tick left) and the missed ticks before them (count, first, last,
+    whether the count was capped)."""
+
+    name: str
+    queue: str
+    rev: str
+    mode: Literal["tick", "trigger"]
+    last_task_id: str
+    candidates: Sequence[FireCandidate]
+    cursor: int | None = None
+    missed: int = 0
+    first_missed: int | None = None
+    last_missed: int | None = None
+    missed_capped: bool = False
+    audit: Audit | None = None  # a manual firing's
+    task_type: str = ""  # the schedule's, for the metrics of what it decided
+
+
+@dataclass(frozen=True, slots=True)
+class FireDecision:
+    """fire.lua's word on one candidate: ``decision`` fired | duplicate | skipped_overlap |
+    buffered | waiting | none | rejected; ``detail``: the lag in ms of a fired one, the code
+    and message of a rejected one."""
+
+    tick_ms: int
+    decision: str
+    task_id: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class FireReply:
+    """``kind`` ok | stale | paused | gone; for ok, the new rev, index score and cursor."""
+
+    kind: str
+    rev: str = ""
+    score: str = ""
+    cursor: str = ""
+    decisions: tuple[FireDecision, ...] = ()
+
+
+def _schedule_keys(name: str, queue: str) -> list[str]:
+    return [keys.schedule(name, queue), keys.schedule_history(name, queue), keys.schedules(queue)]
+
+
+def fire_call(f: Firing, s: Settings, history_cap: int, poll_ms: int) -> Call:
+    """The fire.lua call of ``f`` (one queue's keys: one slot in the cluster layout)."""
+    q = f.queue
+    cands = f.candidates
+    prev_key = keys.task(f.last_task_id) if f.last_task_id else keys.schedule(f.name, q) + ":-"
+    head = [*_schedule_keys(f.name, q), prev_key, keys.audit(q)]
+    args: list[Any] = [
+        f.name,
+        f.rev,
+        f.mode,
+        "" if f.cursor is None else f.cursor,
+        f.missed,
+        "" if f.first_missed is None else f.first_missed,
+        "" if f.last_missed is None else f.last_missed,
+        _flag(f.missed_capped),
+        history_cap,
+        len(cands),
+        new_id(),
+        poll_ms,
+        *_audit(f.audit),
+    ]
+    for c in cands:
+        args += (c.tick_ms, c.kind, new_id())
+    if cands:
+        _, skeys, sargs = _submit_call([c.request for c in cands], [c.task_id for c in cands], s)
+    else:  # no task to make: the submit part is its header alone (fire.lua reads the channel)
+        skeys = [
+            keys.retry_schedule(q),
+            keys.recent(q),
+            keys.expiry(q),
+            *_queue_streams(q),
+            keys.queue_last_submit(q),
+            *(() if keys.cluster_layout() else (keys.QUEUES,)),
+        ]
+        sargs = [
+            s.max_queue_depth, s.task_retention_s, s.idem_ttl_s, keys.events(q), RECENT_CAP, 1,
+            _flag(s.submit_min_replicas > 0),
+        ]  # fmt: skip
+    return ("fire", [*head, *skeys], [*args, *sargs])
+
+
+def parse_fire(reply: Any) -> FireReply:
+    kind = str(reply[0])
+    if kind != "ok":
+        return FireReply(kind, rev=str(reply[1]) if len(reply) > 1 else "")
+    return FireReply(
+        kind,
+        str(reply[1]),
+        str(reply[2]),
+        str(reply[3]),
+        tuple(FireDecision(int(t), str(d), str(tid), str(x)) for t, d, tid, x in reply[4:]),
+    )
+
+
+async def fire(
+    db: Backend, firings: Sequence[Firing], history_cap: int, poll_ms: int
+) -> list[FireReply | Exception]:
+    """fire.lua for each of ``firings``, in one round trip (per node on a cluster); a
+    failed call is its exception, in place."""
+    s = db.settings
+    replies = await db.scripts.call_many(
+        db.redis, [fire_call(f, s, history_cap, poll_ms) for f in firings]
+    )
+    return [r if isinstance(r, Exception) else parse_fire(r) for r in replies]
+
+
+async def schedule_put(
+    db: Backend,
+    name: str,
+    queue: str,
+    task_type: str,
+    definition: str,
+    spec_key: str,
+    cursor: int | None,
+    source: str,
+    paused: bool | None,
+    history_cap: int,
+    audit: Audit | None,
+) -> tuple[str, int]:
+    """schedule_put.lua: (created | updated | unchanged, rev)."""
+    flat = not keys.cluster_layout()
+    outcome, rev = await db.scripts.call(
+        db.redis,
+        "schedule_put",
+        [*_schedule_keys(name, queue), keys.audit(queue), *((keys.QUEUES,) if flat else ())],
+        [
+            name,
+            queue,
+            task_type,
+            definition,
+            spec_key,
+            "" if cursor is None else cursor,
+            source,
+            "" if paused is None else _flag(paused),
+            history_cap,
+            keys.events(queue),
+            new_id(),
+            *_audit(audit),
+        ],
+    )
+    return str(outcome), int(rev)
+
+
+async def schedule_set(
+    db: Backend,
+    name: str,
+    queue: str,
+    op: Literal["pause", "resume", "delete"],
+    reason: str,
+    history_cap: int,
+    audit: Audit | None,
+) -> int:
+    """schedule_set.lua: 1 changed, 0 already so, -1 no such schedule."""
+    return int(
+        await db.scripts.call(
+            db.redis,
+            "schedule_set",
+            [*_schedule_keys(name, queue), keys.audit(queue)],
+            [name, op, reason, history_cap, keys.events(queue), new_id(), *_audit(audit)],
+        )
+    )

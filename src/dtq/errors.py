@@ -6,10 +6,12 @@ The tree is shallow; the API and the CLI map each leaf to one error code (``code
     ├── ConfigError                   invalid DTQ_* setting            (CLI exit 2)
     ├── InvalidTaskError              INVALID_TASK         400         (CLI exit 2)
     │   ├── UnknownTaskTypeError      UNKNOWN_TASK_TYPE    400
+    │   ├── ScheduleSpecError         INVALID_SCHEDULE     400
     │   └── PayloadTooLargeError      PAYLOAD_TOO_LARGE    413
     ├── QueueFullError                QUEUE_FULL           429 + Retry-After
     ├── IdempotencyInProgressError    IDEMPOTENCY_IN_PROGRESS 409
     ├── TaskNotFoundError             TASK_NOT_FOUND       404
+    ├── ScheduleNotFoundError         SCHEDULE_NOT_FOUND   404
     ├── InvalidTransitionError        INVALID_TRANSITION   409
     │   ├── TaskRunningError          TASK_RUNNING         409  (cancel requested)
     │   └── TaskTerminalError         TASK_TERMINAL        410
@@ -37,6 +39,8 @@ __all__ = [
     "QueueFullError",
     "RedisUnavailableError",
     "ReplicationTimeoutError",
+    "ScheduleNotFoundError",
+    "ScheduleSpecError",
     "TaskNotFoundError",
     "TaskRunningError",
     "TaskTerminalError",
@@ -84,6 +88,16 @@ class QueueFullError(DtqError):
 
 class IdempotencyInProgressError(DtqError):
     code = "IDEMPOTENCY_IN_PROGRESS"
+
+
+class ScheduleSpecError(InvalidTaskError):
+    """A schedule's cron expression, time zone or interval is not valid."""
+
+    code = "INVALID_SCHEDULE"
+
+
+class ScheduleNotFoundError(DtqError):
+    code = "SCHEDULE_NOT_FOUND"
 
 
 class TaskNotFoundError(DtqError):

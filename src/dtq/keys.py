@@ -65,6 +65,9 @@ __all__ = [
     "result",
     "retry_claimed",
     "retry_schedule",
+    "schedule",
+    "schedule_history",
+    "schedules",
     "scopes",
     "sharded_events",
     "slot",
@@ -273,6 +276,28 @@ def events(queue: str) -> str:
     if channel is None:
         channel = _SHARD_CHANNELS[queue] = _q(queue) + "events"
     return channel
+
+
+# -- periodic schedules (deliberate extension: docs/schedules.md) ------------------------------
+
+
+def schedules(queue: str) -> str:
+    """The index of schedules by next fire time (a sorted set: name -> epoch ms, ``+inf`` while
+    paused or ended): one for every schedule in the flat layout; in the cluster one, one per
+    queue, holding the schedules whose tasks go to that queue (in its slot, so the firing
+    script that enqueues a tick also moves the index)."""
+    return _q(queue) + "schedules" if _CLUSTER else "dtq:schedules"
+
+
+def schedule(name: str, queue: str) -> str:
+    """A schedule's hash (definition, cursor, counters); ``queue`` is its tasks' queue, which
+    decides the slot in the cluster layout and nothing in the flat one."""
+    return _q(queue) + "schedule:" + name if _CLUSTER else "dtq:schedule:" + name
+
+
+def schedule_history(name: str, queue: str) -> str:
+    """A schedule's capped list of decisions (fired, skipped, missed), newest first."""
+    return schedule(name, queue) + ":history"
 
 
 # -- a task's keys ------------------------------------------------------------------------------

@@ -74,7 +74,14 @@ SCRIPT_NAMES = (
     "drop_consumers",
     "remove_queue",
     "recover",
+    "fire",
+    "schedule_put",
+    "schedule_set",
 )
+
+# Scripts that run another script's code as a local function: fire.lua makes a tick's task
+# with submit.lua's code, called as run_submit(KEYS, ARGV) (the parameters shadow the globals).
+EMBEDS = {"fire": ("run_submit", "submit")}
 
 Call = tuple[str, Sequence[str], Sequence[Any]]
 """(script name, keys, args) of one script call."""
@@ -104,6 +111,10 @@ class Scripts:
         self.sha: dict[str, str] = {}
         for name in SCRIPT_NAMES:
             src = lib + "\n" + _read(name)
+            if name in EMBEDS:
+                fn, inner = EMBEDS[name]
+                body = _read(name)
+                src = f"{lib}\nlocal function {fn}(KEYS, ARGV)\n{_read(inner)}\nend\n{body}"
             self.source[name] = src
             self.sha[name] = hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
         self._on_call = on_call

@@ -8,7 +8,7 @@ imported; a second handler under a name that is taken is an error at that import
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
@@ -16,13 +16,19 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from dtq.models import TASK_TYPE_RE
+from dtq.errors import InvalidTaskError
+from dtq.models import QUEUE_RE, TASK_TYPE_RE
+from dtq.schedules import ScheduleDef
 
 __all__ = [
     "Handler",
     "HandlerFn",
+    "ScheduleDecl",
     "TaskContext",
     "TaskRegistrationError",
+    "code_schedules",
+    "cron",
+    "every",
     "get_handler",
     "registry",
     "task",
@@ -55,6 +61,10 @@ class TaskContext:
     expires_at: datetime | None = None
     task_type: str = ""
     max_attempts: int = 1
+    # A task a schedule fired (docs/schedules.md): the schedule's name and the tick it fired
+    # for (a manual firing: when it was triggered). None for any other task.
+    schedule: str | None = None
+    scheduled_for: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -80,15 +90,83 @@ class Handler:
 
 
 _REGISTRY: dict[str, Handler] = {}
+_SCHEDULES: dict[str, tuple[str, ScheduleDef]] = {}  # schedule name -> (task name, definition)
 
 
-def task(name: str, *, payload_model: type[BaseModel] | None = None) -> Callable[[F], F]:
+@dataclass(frozen=True)
+class ScheduleDecl:
+    """A schedule declared next to its handler (:func:`cron`, :func:`every`): the fields of a
+    :class:`dtq.schedules.ScheduleDef` but the task type, which the decorator gives, and its
+    name (by default the task's name, lowercased, each character a schedule name cannot hold
+    turned into ``-``)."""
+
+    fields: Mapping[str, Any]
+    name: str | None = None
+
+
+def cron(expr: str, tz: str = "UTC", *, name: str | None = None, **fields: Any) -> ScheduleDecl:
+    """A cron schedule for ``@task(..., schedule=cron("0 7 * * *", tz="Europe/Paris"))``;
+    ``fields``: the rest of a schedule's definition (payload, queue, priority, overlap,
+    catchup, ttl_seconds, ...)."""
+    return ScheduleDecl({**fields, "cron": expr, "tz": tz}, name)
+
+
+def every(interval: int | str, *, name: str | None = None, **fields: Any) -> ScheduleDecl:
+    """An interval schedule (``every("5m")``, ``every(30)``) for ``@task(..., schedule=...)``."""
+    return ScheduleDecl({**fields, "every": interval}, name)
+
+
+def _schedule_name(task_name: str) -> str:
+    name = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "-" for c in task_name)
+    return name.lower().lstrip("_-")[:64] or "schedule"
+
+
+def _declare(task_name: str, decls: ScheduleDecl | Sequence[ScheduleDecl]) -> None:
+    items = [decls] if isinstance(decls, ScheduleDecl) else list(decls)
+    for decl in items:
+        if not isinstance(decl, ScheduleDecl):
+            raise TaskRegistrationError(
+                f"task {task_name!r}: schedule= takes cron(...) or every(...), not {decl!r}"
+            )
+        name = decl.name or _schedule_name(task_name)
+        if not QUEUE_RE.fullmatch(name):
+            raise TaskRegistrationError(
+                f"task {task_name!r}: schedule name {name!r} is invalid: 1 to 64 of a-z, 0-9, "
+                "'_' and '-'"
+            )
+        try:
+            d = ScheduleDef.parse({**decl.fields, "task_type": task_name})
+        except InvalidTaskError as exc:
+            raise TaskRegistrationError(f"task {task_name!r}: schedule {name!r}: {exc}") from None
+        old = _SCHEDULES.get(name)
+        if old is not None and old[0] != task_name:
+            raise TaskRegistrationError(
+                f"schedule {name!r} is already declared by task {old[0]!r}; give one a name="
+            )
+        _SCHEDULES[name] = (task_name, d)
+
+
+def code_schedules() -> Mapping[str, ScheduleDef]:
+    """Every schedule declared with ``@task(..., schedule=...)``, by schedule name."""
+    return MappingProxyType({name: d for name, (_, d) in _SCHEDULES.items()})
+
+
+def task(
+    name: str,
+    *,
+    payload_model: type[BaseModel] | None = None,
+    schedule: ScheduleDecl | Sequence[ScheduleDecl] | None = None,
+) -> Callable[[F], F]:
     """Register ``fn(payload: dict, ctx: TaskContext) -> JSON-serialisable`` as ``name``.
 
     ``async def`` handlers are awaited on the worker's event loop; plain functions run in a
     thread (GIL-bound: CPU-heavy work wants ``dtq worker run --processes N``). With
     ``payload_model`` (a pydantic model) the payload is validated before execution; an invalid
     payload is a permanent error and the handler is not called.
+
+    ``schedule``: one or more periodic schedules of this task (:func:`cron`, :func:`every`),
+    created or updated in Redis when a worker with this handler starts (docs/schedules.md,
+    "Schedules in code").
     """
     if not isinstance(name, str) or not TASK_TYPE_RE.fullmatch(name):
         raise TaskRegistrationError(
@@ -110,6 +188,8 @@ def task(name: str, *, payload_model: type[BaseModel] | None = None) -> Callable
                 f"task {name!r} is already registered by {_origin(old.fn)}; "
                 f"{_origin(fn)} cannot take the same name"
             )
+        if schedule is not None:
+            _declare(name, schedule)
         _REGISTRY[name] = Handler(name, fn, payload_model)
         return fn
 

@@ -31,6 +31,7 @@ __all__ = [
     "LABEL_NAMES",
     "OTHER",
     "REJECT_REASONS",
+    "SCHEDULE_STATUSES",
     "UNKNOWN",
     "Metrics",
     "MetricsServer",
@@ -43,6 +44,9 @@ LABEL_NAMES = frozenset(
 )
 COMPLETED_STATUSES = ("succeeded", "failed", "dead_lettered", "cancelled", "expired")
 ATTEMPT_RESULTS = ("success", "failure", "timeout", "error")
+# dtq_schedule_firings' status: a tick enqueued, skipped by the overlap policy, not fired by
+# the catch-up policy, or refused by the queue (QUEUE_FULL: tried again).
+SCHEDULE_STATUSES = ("fired", "skipped_overlap", "missed", "rejected")
 REJECT_REASONS = {
     "INVALID_TASK": "invalid_task",
     "UNKNOWN_TASK_TYPE": "unknown_task_type",
@@ -60,6 +64,10 @@ LATENCY_BUCKETS = (
     600.0, 1800.0, 3600.0,
 )  # fmt: skip
 RETRY_DELAY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 120.0, 300.0)
+# Seconds from a tick to its enqueue: milliseconds on the leader, TAKEOVER_MS after a stall.
+SCHEDULE_LAG_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
 TTL_BUCKETS = (
     0.0, 1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0, 43200.0,
     86400.0, 604800.0,
@@ -148,6 +156,14 @@ class Metrics:
         self.redis_ops = Counter(
             "dtq_redis_operations", "Redis script calls and commands", ["operation", "result"],
             registry=r,
+        )  # fmt: skip
+        self.schedule_firings = Counter(
+            "dtq_schedule_firings", "Schedule ticks decided, by decision", [*qt, "status"],
+            registry=r,
+        )  # fmt: skip
+        self.schedule_lag = Histogram(
+            "dtq_schedule_lag_seconds", "Tick -> its task enqueued, for each firing", qt,
+            buckets=SCHEDULE_LAG_BUCKETS, registry=r,
         )  # fmt: skip
         self.rejected = Counter(
             "dtq_ingest_rejected", "Submissions refused", ["queue", "reason"], registry=r
@@ -244,6 +260,16 @@ class Metrics:
 
     def task_retried(self, queue: str, task_type: str) -> None:
         self._child(self.retried, *self._qt(queue, task_type)).inc()
+
+    def schedule_decided(
+        self, queue: str, task_type: str, status: str, n: int = 1, lag_s: float | None = None
+    ) -> None:
+        """``n`` ticks of a schedule decided as ``status`` (one of ``SCHEDULE_STATUSES``);
+        ``lag_s``: for one fired tick, tick -> enqueue."""
+        qt = self._qt(queue, task_type)
+        self._child(self.schedule_firings, *qt, status).inc(n)
+        if lag_s is not None:
+            self._child(self.schedule_lag, *qt).observe(lag_s)
 
     def redis_op(self, operation: str, ok: bool) -> None:
         self._child(self.redis_ops, operation, "ok" if ok else "error").inc()

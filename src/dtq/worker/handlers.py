@@ -29,7 +29,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dtq import calls, keys
@@ -37,6 +37,7 @@ from dtq.calls import Entry, Outcome, StartReply
 from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.models import compact_json
+from dtq.schedules import firing_of
 from dtq.retry import PayloadDecodeError, classify, next_retry_delay_s, sanitize
 from dtq.store import Store, ms_to_dt
 from dtq.worker.outage import TRANSIENT
@@ -338,6 +339,15 @@ def prepare(
         task_type=entry.task_type,
         max_attempts=start.max_attempts,
     )
+    key = entry.idempotency_key
+    if key and key.startswith("schedule:"):
+        fired = firing_of(key)
+        if fired is not None:
+            name, tick_ms = fired
+            tick_ms = tick_ms if tick_ms is not None else start.created_ms
+            ctx = replace(
+                ctx, schedule=name, scheduled_for=None if tick_ms is None else ms_to_dt(tick_ms)
+            )
     return Prepared(handler, payload, ctx, timeout_ms / 1000)
 
 

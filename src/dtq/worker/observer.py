@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "Labels",
+    "ScheduleDecisions",
     "SchedulerBatch",
     "TaskFinished",
     "TaskSkipped",
@@ -88,6 +89,15 @@ class SchedulerBatch:
     expired: tuple[Labels, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ScheduleDecisions:
+    """What one pass of this worker's schedule firer decided: per decision, (queue,
+    task_type, status, count, lag in seconds or None); status fired (with its lag),
+    skipped_overlap, missed (count: the ticks of one gap) or rejected."""
+
+    decisions: tuple[tuple[str, str, str, int, float | None], ...]
+
+
 class WorkerObserver:
     """Lifecycle hooks; the default does nothing."""
 
@@ -102,3 +112,6 @@ class WorkerObserver:
 
     def scheduler_batch(self, event: SchedulerBatch) -> None:
         """This worker's scheduler (the leader) retried or expired tasks."""
+
+    def schedules_fired(self, event: ScheduleDecisions) -> None:
+        """This worker's schedule firer decided ticks."""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from dtq.metrics import COMPLETED_STATUSES, Metrics, MetricsServer, count_commands
 from dtq.worker.observer import (
+    ScheduleDecisions,
     SchedulerBatch,
     TaskFinished,
     TaskSkipped,
@@ -89,6 +90,11 @@ class MetricsObserver(WorkerObserver):
             self.metrics.task_retried(queue, task_type)
         for queue, task_type in event.expired:
             self.metrics.task_completed(queue, task_type, "expired")
+
+
+    def schedules_fired(self, event: ScheduleDecisions) -> None:
+        for queue, task_type, status, n, lag_s in event.decisions:
+            self.metrics.schedule_decided(queue, task_type, status, n, lag_s)
 
 
 class LogObserver(WorkerObserver):

@@ -48,11 +48,14 @@ from typing import Any, cast
 from redis.asyncio import Redis, RedisCluster
 
 from dtq import keys
+from dtq.admin.schedules import sync_code_schedules
+from dtq.calls import Audit, FireReply, Firing
 from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.connection import choose_events, warn_durability
 from dtq.errors import ConfigError
 from dtq.records import stale_after_ms, worker_liveness
+from dtq.schedules import ScheduleDef
 from dtq.scripts import OpHook, Scripts
 from dtq.store import Store
 from dtq.worker.connection import worker_redis
@@ -60,10 +63,11 @@ from dtq.worker.consumers import drop_own, worker_states
 from dtq.worker.execution import Executor
 from dtq.worker.heartbeat import Heartbeat
 from dtq.worker.intake import BLOCK_MS, READ_BATCH, Intake
-from dtq.worker.observer import SchedulerBatch, WorkerObserver
+from dtq.worker.firer import Firer
+from dtq.worker.observer import ScheduleDecisions, SchedulerBatch, WorkerObserver
 from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq.worker.scheduler import Scheduler, TickResult
-from dtq_tasks import Handler, registry
+from dtq_tasks import Handler, code_schedules, registry
 
 __all__ = ["READ_BATCH", "Worker", "WorkerObserver", "new_worker_id"]
 
@@ -95,16 +99,21 @@ class Worker:
         redis: Redis | None = None,
         on_redis_op: OpHook | None = None,
         adopt: Sequence[str] = (),
+        schedules: Mapping[str, ScheduleDef] | None = None,
     ) -> None:
         """``adopt``: worker ids known to be dead (a supervised process that exited) whose
         pending entries this worker takes over at start, without waiting for the visibility
-        timeout (:meth:`Intake.adopt`)."""
+        timeout (:meth:`Intake.adopt`). ``schedules``: the schedules declared in code, by name
+        (by default those of ``@task(..., schedule=...)`` whose task is in ``handlers``)."""
         if not queues:
             raise ValueError("a worker needs at least one queue")
         self.settings = settings
         self.queues = list(dict.fromkeys(queues))
         self.concurrency = concurrency or settings.worker_concurrency
         self.handlers = handlers if handlers is not None else registry()
+        if schedules is None:
+            schedules = {n: d for n, d in code_schedules().items() if d.task_type in self.handlers}
+        self.schedules = dict(schedules)
         self.worker_id = worker_id or settings.worker_id or new_worker_id()
         self.observers = list(observers)
         self.redis = redis or worker_redis(settings)
@@ -192,15 +201,22 @@ class Worker:
 
     async def _serve(self) -> None:
         finisher = asyncio.create_task(self.execution.finisher.run(), name="finisher")
-        scheduler = asyncio.create_task(
-            Scheduler(
+        leader = Scheduler(
+            self.store,
+            self.settings,
+            self.worker_id,
+            on_tick=self._scheduler_ticked,
+            outage=self.outage,
+        )
+        scheduler = asyncio.create_task(leader.run(self._scheduler_stop), name="scheduler")
+        firer = asyncio.create_task(
+            Firer(
                 self.store,
-                self.settings,
-                self.worker_id,
-                on_tick=self._scheduler_ticked,
+                lambda: leader.is_leader,
+                on_fired=self._schedules_fired,
                 outage=self.outage,
             ).run(self._scheduler_stop),
-            name="scheduler",
+            name="firer",
         )
         await self._take_over_dead()  # before the poll loops: their slots go to these first
         intake = [
@@ -231,9 +247,11 @@ class Worker:
             self._scheduler_stop.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(scheduler), timeout=5)
-            for t in (finisher, scheduler, watcher):
+            for t in (finisher, scheduler, firer, watcher):
                 t.cancel()
-            await asyncio.gather(finisher, scheduler, watcher, *intake, return_exceptions=True)
+            await asyncio.gather(
+                finisher, scheduler, firer, watcher, *intake, return_exceptions=True
+            )
             await self._leave_groups()
 
     # -- start and stop -------------------------------------------------------------------------
@@ -249,7 +267,26 @@ class Worker:
         for queue in self.queues:
             await self.store.ensure_groups(queue)
         await warn_durability(self.redis, log)
+        await self._sync_schedules()
         return True
+
+    async def _sync_schedules(self) -> None:
+        """Create or update the schedules the handlers' code declares; pause (and report) the
+        ones from code it no longer declares (docs/schedules.md, "Schedules in code")."""
+        declared = self.schedules
+        outcomes, paused = await sync_code_schedules(
+            self.store, declared, set(self.handlers), audit=Audit(f"worker:{self.worker_id}")
+        )
+        for name, outcome in sorted(outcomes.items()):
+            if outcome != "unchanged":
+                log.info("worker %s: schedule %s %s from code", self.worker_id, name, outcome)
+        for name in paused:
+            log.warning(
+                "worker %s: schedule %s was declared in code that no longer declares it: paused "
+                "(delete it, or resume it to keep it firing)",
+                self.worker_id,
+                name,
+            )
 
     async def _check_id_free(self) -> bool:
         """True once no live worker has this worker's id, False if stopped while it waits for
@@ -430,6 +467,27 @@ class Worker:
         )
         for obs in self.observers:
             obs.scheduler_batch(event)
+
+    def _schedules_fired(self, done: Sequence[tuple[Firing, FireReply]]) -> None:
+        if not self.observers:
+            return
+        decisions: list[tuple[str, str, str, int, float | None]] = []
+        for firing, reply in done:
+            q, t = firing.queue, firing.task_type
+            if reply.kind != "ok":
+                continue
+            if firing.missed:
+                decisions.append((q, t, "missed", firing.missed, None))
+            for d in reply.decisions:
+                if d.decision == "fired":
+                    decisions.append((q, t, "fired", 1, int(d.detail) / 1000))
+                elif d.decision in ("skipped_overlap", "rejected"):
+                    decisions.append((q, t, d.decision, 1, None))
+        if not decisions:
+            return
+        event = ScheduleDecisions(tuple(decisions))
+        for obs in self.observers:
+            obs.schedules_fired(event)
 
     def _stats(self) -> dict[str, Any]:
         return {
