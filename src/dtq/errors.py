@@ -6,8 +6,8 @@ The tree is shallow; the API and the CLI map each leaf to one error code (``code
     ├── ConfigError                   invalid DTQ_* setting            (CLI exit 2)
     ├── InvalidTaskError              INVALID_TASK         400         (CLI exit 2)
     │   ├── UnknownTaskTypeError      UNKNOWN_TASK_TYPE    400
-    │   ├── ScheduleSpecError         INVALID_SCHEDULE     400
-    │   └── PayloadTooLargeError      PAYLOAD_TOO_LARGE    413
+    │   ├── PayloadTooLargeError      PAYLOAD_TOO_LARGE    413
+    │   └── ScheduleSpecError         INVALID_SCHEDULE     400
     ├── QueueFullError                QUEUE_FULL           429 + Retry-After
     ├── IdempotencyInProgressError    IDEMPOTENCY_IN_PROGRESS 409
     ├── TaskNotFoundError             TASK_NOT_FOUND       404
@@ -76,6 +76,17 @@ class PayloadTooLargeError(InvalidTaskError):
     code = "PAYLOAD_TOO_LARGE"
 
 
+class ScheduleSpecError(InvalidTaskError):
+    """A schedule's spec is not valid: ``field`` names the offending field ("cron", "tz",
+    "every", ...); the message says what is wrong and what is allowed."""
+
+    code = "INVALID_SCHEDULE"
+
+    def __init__(self, message: str, *, field: str, **details: Any) -> None:
+        super().__init__(message, field=field, **details)
+        self.field = field
+
+
 class QueueFullError(DtqError):
     """The queue's depth reached DTQ_MAX_QUEUE_DEPTH. ``retry_after_s`` is a hint for callers."""
 
@@ -88,12 +99,6 @@ class QueueFullError(DtqError):
 
 class IdempotencyInProgressError(DtqError):
     code = "IDEMPOTENCY_IN_PROGRESS"
-
-
-class ScheduleSpecError(InvalidTaskError):
-    """A schedule's cron expression, time zone or interval is not valid."""
-
-    code = "INVALID_SCHEDULE"
 
 
 class ScheduleNotFoundError(DtqError):
