@@ -413,6 +413,8 @@ def _plan(spec: Spec, cursor: int, now: int, **kw: object) -> Plan:
 
 T0 = ms("2025-06-01T10:00:00+00:00")
 MINUTELY = parse_cron("* * * * *")
+MINUTELY_SPECS = [MINUTELY, parse_cron("0 * * * * *", "Europe/Paris"), Every(60)]
+"""Three specs with the same ticks (one a minute, on the minute): plan() answers alike."""
 
 
 def test_plan_one_due_tick() -> None:
@@ -434,47 +436,52 @@ def test_late_ticks_always_fire(catchup: str) -> None:
     assert p.cursor == T0 + 3 * S
 
 
-def test_downtime_skip() -> None:
+@pytest.mark.parametrize("minutely", MINUTELY_SPECS)
+def test_downtime_skip(minutely: Spec) -> None:
     now = T0 + 10 * MIN + 30 * S
-    p = _plan(MINUTELY, T0, now, catchup="skip")
+    p = _plan(minutely, T0, now, catchup="skip")
     assert p.fire == [] and p.missed == 11
     assert (p.first_missed, p.last_missed) == (T0, T0 + 10 * MIN)
     assert p.cursor == T0 + 11 * MIN and not p.more and not p.missed_capped
 
 
-def test_downtime_latest() -> None:
+@pytest.mark.parametrize("minutely", MINUTELY_SPECS)
+def test_downtime_latest(minutely: Spec) -> None:
     now = T0 + 10 * MIN + 30 * S
-    p = _plan(MINUTELY, T0, now, catchup="latest")
+    p = _plan(minutely, T0, now, catchup="latest")
     assert p.fire == [T0 + 10 * MIN] and p.missed == 10
     assert (p.first_missed, p.last_missed) == (T0, T0 + 9 * MIN)
     assert p.cursor == T0 + 11 * MIN
 
 
-def test_latest_does_not_fire_a_missed_tick_when_a_late_one_fires() -> None:
+@pytest.mark.parametrize("minutely", MINUTELY_SPECS)
+def test_latest_does_not_fire_a_missed_tick_when_a_late_one_fires(minutely: Spec) -> None:
     now = T0 + 10 * MIN + 1 * S  # the 10:10 tick is late (1 s), the others missed
-    p = _plan(MINUTELY, T0, now, catchup="latest")
+    p = _plan(minutely, T0, now, catchup="latest")
     assert p.fire == [T0 + 10 * MIN] and p.missed == 10
     assert p.last_missed == T0 + 9 * MIN
 
 
-def test_downtime_all_within_window_and_cap() -> None:
+@pytest.mark.parametrize("minutely", MINUTELY_SPECS)
+def test_downtime_all_within_window_and_cap(minutely: Spec) -> None:
     now = T0 + 10 * MIN + 30 * S
-    p = _plan(MINUTELY, T0, now, catchup="all", window_ms=H, cap=100)
+    p = _plan(minutely, T0, now, catchup="all", window_ms=H, cap=100)
     assert p.fire == [T0 + k * MIN for k in range(11)] and p.missed == 0
     assert p.first_missed is None and p.last_missed is None
-    window = _plan(MINUTELY, T0, now, catchup="all", window_ms=5 * MIN, cap=100)
+    window = _plan(minutely, T0, now, catchup="all", window_ms=5 * MIN, cap=100)
     assert window.fire == [T0 + k * MIN for k in range(6, 11)]  # tick >= now - 5 min
     assert (window.missed, window.first_missed, window.last_missed) == (6, T0, T0 + 5 * MIN)
-    capped = _plan(MINUTELY, T0, now, catchup="all", window_ms=H, cap=3)
+    capped = _plan(minutely, T0, now, catchup="all", window_ms=H, cap=3)
     assert capped.fire == [T0 + k * MIN for k in (8, 9, 10)]  # the cap most recent
     assert (capped.missed, capped.last_missed) == (8, T0 + 7 * MIN)
-    none = _plan(MINUTELY, T0, now, catchup="all", window_ms=H, cap=0)
+    none = _plan(minutely, T0, now, catchup="all", window_ms=H, cap=0)
     assert none.fire == [] and none.missed == 11
 
 
-def test_all_fires_missed_and_late_ticks_in_order() -> None:
+@pytest.mark.parametrize("minutely", MINUTELY_SPECS)
+def test_all_fires_missed_and_late_ticks_in_order(minutely: Spec) -> None:
     now = T0 + 5 * MIN + 1 * S  # 10:05 late, 10:00-10:04 missed
-    p = _plan(MINUTELY, T0, now, catchup="all", cap=2)
+    p = _plan(minutely, T0, now, catchup="all", cap=2)
     assert p.fire == [T0 + 3 * MIN, T0 + 4 * MIN, T0 + 5 * MIN] and p.missed == 3
 
 
@@ -508,19 +515,22 @@ def test_more_points_at_the_first_undecided_tick() -> None:
     assert p.more and p.cursor == T0 + 4 * S
 
 
-def test_start_and_end() -> None:
+@pytest.mark.parametrize("minutely", MINUTELY_SPECS)
+def test_start_and_end(minutely: Spec) -> None:
     start, end = T0 + 3 * MIN, T0 + 5 * MIN
     # a cursor before start starts at the first tick >= start
-    p = _plan(MINUTELY, T0, T0 + 3 * MIN + 1, start_ms=start)
+    p = _plan(minutely, T0, T0 + 3 * MIN + 1, start_ms=start)
     assert p.fire == [start] and p.missed == 0 and p.cursor == start + MIN
-    early = _plan(MINUTELY, T0, T0 + MIN, start_ms=start)
+    early = _plan(minutely, T0, T0 + MIN, start_ms=start)
     assert early == Plan([], 0, False, None, None, start, False)
     # ticks after end are not due; once past end, no tick is left
-    p = _plan(MINUTELY, T0 + 4 * MIN, T0 + 9 * MIN, catchup="all", end_ms=end)
+    p = _plan(minutely, T0 + 4 * MIN, T0 + 9 * MIN, catchup="all", end_ms=end)
     assert p.fire == [T0 + 4 * MIN, T0 + 5 * MIN] and p.cursor is None
-    last = _plan(MINUTELY, end, end + 1, end_ms=end)
+    at_end = _plan(minutely, end - MIN, end - MIN + 1, end_ms=end)
+    assert at_end.fire == [end - MIN] and at_end.cursor == end  # the end tick is still ahead
+    last = _plan(minutely, end, end + 1, end_ms=end)
     assert last.fire == [end] and last.cursor is None
-    assert _plan(MINUTELY, end + MIN, end + 2 * MIN, end_ms=end).cursor is None
+    assert _plan(minutely, end + MIN, end + 2 * MIN, end_ms=end).cursor is None
 
 
 def test_missed_count_is_capped() -> None:
@@ -556,50 +566,91 @@ def test_plan_does_little_work(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _CountingCronSim.steps <= MISSED_COUNT_CAP + 20
 
 
+def _expected(due: list[int], now: int, kw: dict[str, object]) -> tuple[list[int], int]:
+    """The fired ticks and the missed count, straight from the rules in dtq.ticks' docstring."""
+    grace, window, cap = int(kw["grace_ms"]), int(kw["window_ms"]), int(kw["cap"])  # type: ignore[call-overload]
+    late = [t for t in due if t >= now - grace]
+    old = [t for t in due if t < now - grace]
+    if kw["catchup"] == "skip":
+        fire_old: list[int] = []
+    elif kw["catchup"] == "latest":
+        fire_old = [] if late else old[-1:]
+    else:
+        in_window = [t for t in old if t >= now - window]
+        fire_old = in_window[max(0, len(in_window) - cap) :] if cap else []
+    return fire_old + late, len(old) - len(fire_old)
+
+
+_CRONS = [
+    parse_cron("*/7 * * * * *"),
+    parse_cron("*/20 * * * * *", "Europe/Paris"),
+    parse_cron("* * * * *", "Australia/Lord_Howe"),
+]
+
+
 @st.composite
-def _every_case(draw: st.DrawFn) -> tuple[Every, int, int, dict[str, object]]:
-    spec = Every(
-        draw(st.integers(min_value=1, max_value=600)),
-        draw(st.integers(min_value=-(10**6), max_value=10**6)),
-    )
-    cursor = draw(st.integers(min_value=0, max_value=10**7))
-    now = cursor + draw(st.integers(min_value=-(10**5), max_value=10**7))
+def _plan_case(draw: st.DrawFn) -> tuple[Spec, int, int, dict[str, object]]:
+    spec: Spec
+    if draw(st.booleans()):
+        spec = Every(
+            draw(st.integers(min_value=1, max_value=600)),
+            draw(st.integers(min_value=-(10**6), max_value=10**6)),
+        )
+        span = 10**7
+    else:
+        spec = draw(st.sampled_from(_CRONS))
+        span = 20 * MIN
+    # around a fall-back night in Paris and Lord Howe alike
+    base = draw(st.sampled_from([ms("2025-10-26T00:50:00+00:00"), ms("2025-04-05T15:20:00+00:00")]))
+    cursor = base + draw(st.integers(min_value=0, max_value=span))
+    now = cursor + draw(st.integers(min_value=-span // 100, max_value=span))
     kw: dict[str, object] = {
         "catchup": draw(st.sampled_from(["skip", "latest", "all"])),
-        "grace_ms": draw(st.integers(min_value=0, max_value=10**6)),
-        "window_ms": draw(st.integers(min_value=0, max_value=10**7)),
+        "grace_ms": draw(st.integers(min_value=0, max_value=span // 10)),
+        "window_ms": draw(st.integers(min_value=0, max_value=span)),
         "cap": draw(st.integers(min_value=0, max_value=40)),
         "max_fire": draw(st.integers(min_value=1, max_value=8)),
     }
+    if draw(st.booleans()):
+        kw["start_ms"] = cursor + draw(st.integers(min_value=-span // 10, max_value=span // 2))
+    if draw(st.booleans()):
+        kw["end_ms"] = cursor + draw(st.integers(min_value=-span // 10, max_value=span))
     return spec, cursor, now, kw
 
 
-@given(_every_case())
+@given(_plan_case())
 @hsettings(max_examples=300, deadline=None)
 def test_plan_loop_decides_every_due_tick_once(
-    case: tuple[Every, int, int, dict[str, object]],
+    case: tuple[Spec, int, int, dict[str, object]],
 ) -> None:
     spec, cursor, now, kw = case
-    first = next_after(spec, cursor - 1)
-    assert first is not None
-    due = [] if first > now else list(range(first, now + 1, spec.seconds * 1000))
+    start, end = kw.get("start_ms"), kw.get("end_ms")
+    lo = max(cursor, start) if isinstance(start, int) else cursor
+    hi = min(now, end) if isinstance(end, int) else now
+    due = [t for t in preview(spec, lo - 1, 1 + (hi - lo) // 1000) if t <= hi]
+    want_fire, want_missed = _expected(due, now, kw)
     fired: list[int] = []
     missed = 0
     c: int | None = cursor
+    p: Plan | None = None
     for _ in range(len(due) + 2):
         assert c is not None
         p = _plan(spec, c, now, **kw)
+        assert len(p.fire) <= int(kw["max_fire"])  # type: ignore[call-overload]
         fired += p.fire
         missed += p.missed
         c = p.cursor
         if not p.more:
             break
-    assert not p.more
+    assert p is not None and not p.more
     assert fired == sorted(set(fired))  # distinct, ascending
-    assert all(cursor <= t <= now for t in fired) and set(fired) <= set(due)
-    if len(due) <= MISSED_COUNT_CAP:
-        assert len(fired) + missed == len(due)  # every due tick fired or missed, once
-    if first > now:
-        assert c == first
+    assert all(cursor <= t <= now for t in fired)
+    assert fired == want_fire
+    assert missed == min(want_missed, MISSED_COUNT_CAP)  # every due tick fired or missed, once
+    first = next_after(spec, lo - 1)
+    if first is None or (isinstance(end, int) and first > end):
+        assert c is None
+    elif first > hi:
+        assert c == first  # nothing due
     else:
-        assert c == next_after(spec, now)
+        assert c == next_after(spec, hi, end_ms=end if isinstance(end, int) else None)
