@@ -389,6 +389,29 @@ def test_next_and_latest_agree_everywhere(expr: str, tz: str, t: int) -> None:
     assert latest_at_or_before(spec, nxt - 1) == last
 
 
+_TRANSITIONS = [
+    ("Europe/Paris", "2025-03-30T01:00:00+00:00"),
+    ("Europe/Paris", "2025-10-26T01:00:00+00:00"),
+    ("Australia/Lord_Howe", "2025-10-04T15:30:00+00:00"),
+    ("Australia/Lord_Howe", "2025-04-05T15:00:00+00:00"),
+    ("Africa/Cairo", "2025-04-24T22:00:00+00:00"),
+]
+
+
+@pytest.mark.parametrize(("tz", "instant"), _TRANSITIONS)
+@pytest.mark.parametrize("expr", ["30 2 * * *", "0 30 2 * * *", "*/20 0-3 * * *", "0 * * * *"])
+def test_next_and_latest_agree_at_the_transitions(expr: str, tz: str, instant: str) -> None:
+    spec = parse_cron(expr, tz)
+    jump = ms(instant)
+    near = [jump + d for d in (-S - 1, -S, -1, 0, 1, S, 30 * MIN - S, 30 * MIN, H - S, H)]
+    for t in near + list(range(jump - 3 * H, jump + 3 * H, 7 * MIN + 13 * S)):
+        nxt, last = next_after(spec, t), latest_at_or_before(spec, t)
+        assert nxt is not None and last is not None
+        assert last <= t < nxt, local(t, tz)
+        assert next_after(spec, last) == nxt, local(t, tz)
+        assert latest_at_or_before(spec, nxt - 1) == last, local(t, tz)
+
+
 def test_latest_inside_the_repeated_hour() -> None:
     # At 02:15 CET (the second pass of 02:xx) the last 02:30 tick was 02:30 CEST, 45 minutes ago.
     spec = parse_cron("30 2 * * *", "Europe/Paris")
