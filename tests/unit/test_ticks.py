@@ -48,6 +48,9 @@ def local(t_ms: int, tz: str) -> str:
     return datetime.fromtimestamp(t_ms / 1000, UTC).astimezone(ZoneInfo(tz)).isoformat()
 
 
+T0 = ms("2025-06-01T10:00:00+00:00")
+
+
 def between(spec: Spec, lo_iso: str, hi_iso: str) -> list[int]:
     """Every tick in ``(lo, hi]``."""
     return preview(spec, ms(lo_iso), 10_000, end_ms=ms(hi_iso))
@@ -172,6 +175,16 @@ def test_bounds_end_and_start() -> None:
     assert latest_at_or_before(spec, t, start_ms=t + 1) is None
     assert preview(spec, t, 5, end_ms=t + 2 * H) == [t + H, t + 2 * H]
     assert preview(spec, t, 0) == []
+
+
+def test_a_cron_that_never_fires_has_no_tick() -> None:
+    # cronsim accepts it (days 1 and 31 of February, each also the fifth Monday) and gives up
+    # after 50 years of search: no tick, no endless loop.
+    spec = parse_cron("0 0 */30 2 MON#5", "Europe/Paris")
+    assert next_after(spec, T0) is None and latest_at_or_before(spec, T0) is None
+    assert preview(spec, T0, 3) == []
+    p = plan(spec, 0, T0, catchup="all", grace_ms=0, window_ms=DAY, cap=5)
+    assert p == Plan([], 0, False, None, None, None, False)
 
 
 def test_six_fields_put_seconds_first() -> None:
@@ -434,7 +447,6 @@ def _plan(spec: Spec, cursor: int, now: int, **kw: object) -> Plan:
     return plan(spec, cursor, now, **args)  # type: ignore[arg-type]
 
 
-T0 = ms("2025-06-01T10:00:00+00:00")
 MINUTELY = parse_cron("* * * * *")
 MINUTELY_SPECS = [MINUTELY, parse_cron("0 * * * * *", "Europe/Paris"), Every(60)]
 """Three specs with the same ticks (one a minute, on the minute): plan() answers alike."""
