@@ -245,14 +245,29 @@ def test_fixed_local_time_across_dst(
     assert len({s[:10] for s in fall}) == 3
 
 
-def test_fixed_time_in_the_repeated_hour_fires_once() -> None:
+@pytest.mark.parametrize(
+    ("expr", "tz", "night", "once"),
+    [
+        ("30 2 * * *", "Europe/Paris", "2025-10-26T00:00:00+02:00", "2025-10-26T02:30:00+02:00"),
+        (
+            "30 1 * * *",
+            "America/New_York",
+            "2025-11-02T00:00:00-04:00",
+            "2025-11-02T01:30:00-04:00",
+        ),
+    ],
+)
+def test_fixed_time_in_the_repeated_hour_fires_once(
+    expr: str, tz: str, night: str, once: str
+) -> None:
     # Bug class: a scheduler firing a fixed local time twice on a fall-back night (croniter 7.0
-    # yields both 01:30 EDT and 01:30 EST for `30 1 * * *`). Ticks over the whole night:
-    spec = parse_cron("30 1 * * *", "America/New_York")
-    night = between(spec, "2025-11-02T00:00:00-04:00", "2025-11-02T12:00:00-05:00")
-    assert [local(t, spec.tz) for t in night] == ["2025-11-02T01:30:00-04:00"]
+    # yields both the summer-time and the winter-time 02:30 for `30 2 * * *` in Paris).
+    spec = parse_cron(expr, tz)
+    start = ms(night)
+    ticks_that_night = preview(spec, start, 10, end_ms=start + 12 * H)
+    assert [local(t, tz) for t in ticks_that_night] == [once]
     # ... and a scheduler that calls plan() every minute through the night fires it once.
-    assert _fired_by_minute_loop(spec, night_start=ms("2025-11-02T00:00:00-04:00")) == night
+    assert _fired_by_minute_loop(spec, night_start=start) == ticks_that_night
 
 
 def _fired_by_minute_loop(spec: Spec, *, night_start: int) -> list[int]:
@@ -623,6 +638,13 @@ _CRONS = [
 ]
 
 
+_PLAN_BASES = [
+    ms("2025-03-30T00:50:00+00:00"),
+    ms("2025-10-26T00:50:00+00:00"),
+    ms("2025-04-05T14:50:00+00:00"),
+]
+
+
 @st.composite
 def _plan_case(draw: st.DrawFn) -> tuple[Spec, int, int, dict[str, object]]:
     spec: Spec
@@ -635,8 +657,8 @@ def _plan_case(draw: st.DrawFn) -> tuple[Spec, int, int, dict[str, object]]:
     else:
         spec = draw(st.sampled_from(_CRONS))
         span = 20 * MIN
-    # around a fall-back night in Paris and Lord Howe alike
-    base = draw(st.sampled_from([ms("2025-10-26T00:50:00+00:00"), ms("2025-04-05T15:20:00+00:00")]))
+    # across the DST transitions of Paris (spring, fall) and Lord Howe (fall, 30 minutes)
+    base = draw(st.sampled_from(_PLAN_BASES))
     cursor = base + draw(st.integers(min_value=0, max_value=span))
     now = cursor + draw(st.integers(min_value=-span // 100, max_value=span))
     kw: dict[str, object] = {
