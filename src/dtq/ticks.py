@@ -281,7 +281,10 @@ def _cron_latest(spec: Cron, t_ms: int) -> int | None:
     probe, step = t_ms, 1000
     found = _cron_reverse_once(spec, probe)
     while found is not None and found > t_ms:
-        # A skipped local time is named by the instant after the jump; start earlier.
+        # A skipped local time is named by the instant after the jump: should that instant lie
+        # after t_ms, look again from further back (a safety net; starting at t_ms's own
+        # second, as _cronsim does, keeps cronsim's answer at or before t_ms in every zone
+        # the tests cover).
         probe -= step
         step *= 2
         found = _cron_reverse_once(spec, probe)
