@@ -6,12 +6,14 @@ scheduler passes the Redis clock and the tests pass fixed instants.
 Two kinds of spec:
 
 - :class:`Cron`: a cron expression (5 fields, or 6 with the seconds field first) evaluated in an
-  IANA time zone (UTC unless given; never the host's zone). Parsing and DST rules are cronsim's,
-  which follow Debian cron: a fixed local time that does not exist (spring forward) fires once,
-  at the first instant after the jump; a fixed local time that exists twice (fall back) fires
-  once, at its first occurrence; an expression whose hour field starts with ``*`` (``0 * * * *``,
-  ``0 */2 * * *``) or one with a seconds field fires at every matching elapsed instant, so both
-  02:00s of a fall-back night fire and no hour is invented in a spring-forward gap.
+  IANA time zone (UTC unless given; never the host's zone). Parsing is cronsim's, and so are the
+  DST rules, which follow Debian cron. When neither the minute nor the hour field starts with
+  ``*`` (a fixed time of day: ``30 2 * * *``, ``0 30 2 * * *``), a local time that does not exist
+  (spring forward) fires once, at the first instant after the jump, and a local time that exists
+  twice (fall back) fires once, at its first occurrence. cronsim applies this to 5-field
+  expressions only; dtq applies it to 6-field ones too. Other expressions (``0 * * * *``,
+  ``*/15 * * * *``, ``0 */2 * * *``) fire at every matching elapsed instant: both 02:00s of a
+  fall-back night fire, and no hour is invented in a spring-forward gap.
 - :class:`Every`: a fixed interval; ticks are ``anchor_ms + k * seconds * 1000`` for every integer
   ``k`` (aligned to the epoch by default). Intervals know nothing of time zones, so DST cannot move
   them.
@@ -34,7 +36,7 @@ The *due* ticks are those in ``[cursor_ms, now_ms]`` that are also ``>= start_ms
   before the first fired one are counted in the first call only;
 - otherwise ``cursor`` is the first tick after ``now_ms`` (and ``None`` once no tick is left before
   ``end_ms``). A cursor before ``start_ms`` starts at the first tick ``>= start_ms``; a cursor after
-  ``now_ms`` means nothing is due and comes back unchanged.
+  ``now_ms`` means nothing is due and comes back unchanged (rounded up to a tick if it is not one).
 
 The usual call (one tick due) costs two cron evaluations; interval specs are plain arithmetic.
 """
@@ -279,7 +281,10 @@ def _cron_latest(spec: Cron, t_ms: int) -> int | None:
     probe, step = t_ms, 1000
     found = _cron_reverse_once(spec, probe)
     while found is not None and found > t_ms:
-        # A skipped local time is named by the instant after the jump; start earlier.
+        # A skipped local time is named by the instant after the jump: should that instant lie
+        # after t_ms, look again from further back (a safety net; starting at t_ms's own
+        # second, as _cronsim does, keeps cronsim's answer at or before t_ms in every zone
+        # the tests cover).
         probe -= step
         step *= 2
         found = _cron_reverse_once(spec, probe)

@@ -48,6 +48,9 @@ def local(t_ms: int, tz: str) -> str:
     return datetime.fromtimestamp(t_ms / 1000, UTC).astimezone(ZoneInfo(tz)).isoformat()
 
 
+T0 = ms("2025-06-01T10:00:00+00:00")
+
+
 def between(spec: Spec, lo_iso: str, hi_iso: str) -> list[int]:
     """Every tick in ``(lo, hi]``."""
     return preview(spec, ms(lo_iso), 10_000, end_ms=ms(hi_iso))
@@ -174,6 +177,16 @@ def test_bounds_end_and_start() -> None:
     assert preview(spec, t, 0) == []
 
 
+def test_a_cron_that_never_fires_has_no_tick() -> None:
+    # cronsim accepts it (days 1 and 31 of February, each also the fifth Monday) and gives up
+    # after 50 years of search: no tick, no endless loop.
+    spec = parse_cron("0 0 */30 2 MON#5", "Europe/Paris")
+    assert next_after(spec, T0) is None and latest_at_or_before(spec, T0) is None
+    assert preview(spec, T0, 3) == []
+    p = plan(spec, 0, T0, catchup="all", grace_ms=0, window_ms=DAY, cap=5)
+    assert p == Plan([], 0, False, None, None, None, False)
+
+
 def test_six_fields_put_seconds_first() -> None:
     spec = parse_cron("*/20 * * * * *")
     t = ms("2025-06-01T10:00:00+00:00")
@@ -232,14 +245,29 @@ def test_fixed_local_time_across_dst(
     assert len({s[:10] for s in fall}) == 3
 
 
-def test_fixed_time_in_the_repeated_hour_fires_once() -> None:
+@pytest.mark.parametrize(
+    ("expr", "tz", "night", "once"),
+    [
+        ("30 2 * * *", "Europe/Paris", "2025-10-26T00:00:00+02:00", "2025-10-26T02:30:00+02:00"),
+        (
+            "30 1 * * *",
+            "America/New_York",
+            "2025-11-02T00:00:00-04:00",
+            "2025-11-02T01:30:00-04:00",
+        ),
+    ],
+)
+def test_fixed_time_in_the_repeated_hour_fires_once(
+    expr: str, tz: str, night: str, once: str
+) -> None:
     # Bug class: a scheduler firing a fixed local time twice on a fall-back night (croniter 7.0
-    # yields both 01:30 EDT and 01:30 EST for `30 1 * * *`). Ticks over the whole night:
-    spec = parse_cron("30 1 * * *", "America/New_York")
-    night = between(spec, "2025-11-02T00:00:00-04:00", "2025-11-02T12:00:00-05:00")
-    assert [local(t, spec.tz) for t in night] == ["2025-11-02T01:30:00-04:00"]
+    # yields both the summer-time and the winter-time 02:30 for `30 2 * * *` in Paris).
+    spec = parse_cron(expr, tz)
+    start = ms(night)
+    ticks_that_night = preview(spec, start, 10, end_ms=start + 12 * H)
+    assert [local(t, tz) for t in ticks_that_night] == [once]
     # ... and a scheduler that calls plan() every minute through the night fires it once.
-    assert _fired_by_minute_loop(spec, night_start=ms("2025-11-02T00:00:00-04:00")) == night
+    assert _fired_by_minute_loop(spec, night_start=start) == ticks_that_night
 
 
 def _fired_by_minute_loop(spec: Spec, *, night_start: int) -> list[int]:
@@ -389,6 +417,29 @@ def test_next_and_latest_agree_everywhere(expr: str, tz: str, t: int) -> None:
     assert latest_at_or_before(spec, nxt - 1) == last
 
 
+_TRANSITIONS = [
+    ("Europe/Paris", "2025-03-30T01:00:00+00:00"),
+    ("Europe/Paris", "2025-10-26T01:00:00+00:00"),
+    ("Australia/Lord_Howe", "2025-10-04T15:30:00+00:00"),
+    ("Australia/Lord_Howe", "2025-04-05T15:00:00+00:00"),
+    ("Africa/Cairo", "2025-04-24T22:00:00+00:00"),
+]
+
+
+@pytest.mark.parametrize(("tz", "instant"), _TRANSITIONS)
+@pytest.mark.parametrize("expr", ["30 2 * * *", "0 30 2 * * *", "*/20 0-3 * * *", "0 * * * *"])
+def test_next_and_latest_agree_at_the_transitions(expr: str, tz: str, instant: str) -> None:
+    spec = parse_cron(expr, tz)
+    jump = ms(instant)
+    near = [jump + d for d in (-S - 1, -S, -1, 0, 1, S, 30 * MIN - S, 30 * MIN, H - S, H)]
+    for t in near + list(range(jump - 3 * H, jump + 3 * H, 7 * MIN + 13 * S)):
+        nxt, last = next_after(spec, t), latest_at_or_before(spec, t)
+        assert nxt is not None and last is not None
+        assert last <= t < nxt, local(t, tz)
+        assert next_after(spec, last) == nxt, local(t, tz)
+        assert latest_at_or_before(spec, nxt - 1) == last, local(t, tz)
+
+
 def test_latest_inside_the_repeated_hour() -> None:
     # At 02:15 CET (the second pass of 02:xx) the last 02:30 tick was 02:30 CEST, 45 minutes ago.
     spec = parse_cron("30 2 * * *", "Europe/Paris")
@@ -411,8 +462,9 @@ def _plan(spec: Spec, cursor: int, now: int, **kw: object) -> Plan:
     return plan(spec, cursor, now, **args)  # type: ignore[arg-type]
 
 
-T0 = ms("2025-06-01T10:00:00+00:00")
 MINUTELY = parse_cron("* * * * *")
+MINUTELY_SPECS = [MINUTELY, parse_cron("0 * * * * *", "Europe/Paris"), Every(60)]
+"""Three specs with the same ticks (one a minute, on the minute): plan() answers alike."""
 
 
 def test_plan_one_due_tick() -> None:
@@ -434,47 +486,52 @@ def test_late_ticks_always_fire(catchup: str) -> None:
     assert p.cursor == T0 + 3 * S
 
 
-def test_downtime_skip() -> None:
+@pytest.mark.parametrize("minutely", MINUTELY_SPECS)
+def test_downtime_skip(minutely: Spec) -> None:
     now = T0 + 10 * MIN + 30 * S
-    p = _plan(MINUTELY, T0, now, catchup="skip")
+    p = _plan(minutely, T0, now, catchup="skip")
     assert p.fire == [] and p.missed == 11
     assert (p.first_missed, p.last_missed) == (T0, T0 + 10 * MIN)
     assert p.cursor == T0 + 11 * MIN and not p.more and not p.missed_capped
 
 
-def test_downtime_latest() -> None:
+@pytest.mark.parametrize("minutely", MINUTELY_SPECS)
+def test_downtime_latest(minutely: Spec) -> None:
     now = T0 + 10 * MIN + 30 * S
-    p = _plan(MINUTELY, T0, now, catchup="latest")
+    p = _plan(minutely, T0, now, catchup="latest")
     assert p.fire == [T0 + 10 * MIN] and p.missed == 10
     assert (p.first_missed, p.last_missed) == (T0, T0 + 9 * MIN)
     assert p.cursor == T0 + 11 * MIN
 
 
-def test_latest_does_not_fire_a_missed_tick_when_a_late_one_fires() -> None:
+@pytest.mark.parametrize("minutely", MINUTELY_SPECS)
+def test_latest_does_not_fire_a_missed_tick_when_a_late_one_fires(minutely: Spec) -> None:
     now = T0 + 10 * MIN + 1 * S  # the 10:10 tick is late (1 s), the others missed
-    p = _plan(MINUTELY, T0, now, catchup="latest")
+    p = _plan(minutely, T0, now, catchup="latest")
     assert p.fire == [T0 + 10 * MIN] and p.missed == 10
     assert p.last_missed == T0 + 9 * MIN
 
 
-def test_downtime_all_within_window_and_cap() -> None:
+@pytest.mark.parametrize("minutely", MINUTELY_SPECS)
+def test_downtime_all_within_window_and_cap(minutely: Spec) -> None:
     now = T0 + 10 * MIN + 30 * S
-    p = _plan(MINUTELY, T0, now, catchup="all", window_ms=H, cap=100)
+    p = _plan(minutely, T0, now, catchup="all", window_ms=H, cap=100)
     assert p.fire == [T0 + k * MIN for k in range(11)] and p.missed == 0
     assert p.first_missed is None and p.last_missed is None
-    window = _plan(MINUTELY, T0, now, catchup="all", window_ms=5 * MIN, cap=100)
+    window = _plan(minutely, T0, now, catchup="all", window_ms=5 * MIN, cap=100)
     assert window.fire == [T0 + k * MIN for k in range(6, 11)]  # tick >= now - 5 min
     assert (window.missed, window.first_missed, window.last_missed) == (6, T0, T0 + 5 * MIN)
-    capped = _plan(MINUTELY, T0, now, catchup="all", window_ms=H, cap=3)
+    capped = _plan(minutely, T0, now, catchup="all", window_ms=H, cap=3)
     assert capped.fire == [T0 + k * MIN for k in (8, 9, 10)]  # the cap most recent
     assert (capped.missed, capped.last_missed) == (8, T0 + 7 * MIN)
-    none = _plan(MINUTELY, T0, now, catchup="all", window_ms=H, cap=0)
+    none = _plan(minutely, T0, now, catchup="all", window_ms=H, cap=0)
     assert none.fire == [] and none.missed == 11
 
 
-def test_all_fires_missed_and_late_ticks_in_order() -> None:
+@pytest.mark.parametrize("minutely", MINUTELY_SPECS)
+def test_all_fires_missed_and_late_ticks_in_order(minutely: Spec) -> None:
     now = T0 + 5 * MIN + 1 * S  # 10:05 late, 10:00-10:04 missed
-    p = _plan(MINUTELY, T0, now, catchup="all", cap=2)
+    p = _plan(minutely, T0, now, catchup="all", cap=2)
     assert p.fire == [T0 + 3 * MIN, T0 + 4 * MIN, T0 + 5 * MIN] and p.missed == 3
 
 
@@ -508,19 +565,22 @@ def test_more_points_at_the_first_undecided_tick() -> None:
     assert p.more and p.cursor == T0 + 4 * S
 
 
-def test_start_and_end() -> None:
+@pytest.mark.parametrize("minutely", MINUTELY_SPECS)
+def test_start_and_end(minutely: Spec) -> None:
     start, end = T0 + 3 * MIN, T0 + 5 * MIN
     # a cursor before start starts at the first tick >= start
-    p = _plan(MINUTELY, T0, T0 + 3 * MIN + 1, start_ms=start)
+    p = _plan(minutely, T0, T0 + 3 * MIN + 1, start_ms=start)
     assert p.fire == [start] and p.missed == 0 and p.cursor == start + MIN
-    early = _plan(MINUTELY, T0, T0 + MIN, start_ms=start)
+    early = _plan(minutely, T0, T0 + MIN, start_ms=start)
     assert early == Plan([], 0, False, None, None, start, False)
     # ticks after end are not due; once past end, no tick is left
-    p = _plan(MINUTELY, T0 + 4 * MIN, T0 + 9 * MIN, catchup="all", end_ms=end)
+    p = _plan(minutely, T0 + 4 * MIN, T0 + 9 * MIN, catchup="all", end_ms=end)
     assert p.fire == [T0 + 4 * MIN, T0 + 5 * MIN] and p.cursor is None
-    last = _plan(MINUTELY, end, end + 1, end_ms=end)
+    at_end = _plan(minutely, end - MIN, end - MIN + 1, end_ms=end)
+    assert at_end.fire == [end - MIN] and at_end.cursor == end  # the end tick is still ahead
+    last = _plan(minutely, end, end + 1, end_ms=end)
     assert last.fire == [end] and last.cursor is None
-    assert _plan(MINUTELY, end + MIN, end + 2 * MIN, end_ms=end).cursor is None
+    assert _plan(minutely, end + MIN, end + 2 * MIN, end_ms=end).cursor is None
 
 
 def test_missed_count_is_capped() -> None:
@@ -556,50 +616,98 @@ def test_plan_does_little_work(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _CountingCronSim.steps <= MISSED_COUNT_CAP + 20
 
 
+def _expected(due: list[int], now: int, kw: dict[str, object]) -> tuple[list[int], int]:
+    """The fired ticks and the missed count, straight from the rules in dtq.ticks' docstring."""
+    grace, window, cap = int(kw["grace_ms"]), int(kw["window_ms"]), int(kw["cap"])  # type: ignore[call-overload]
+    late = [t for t in due if t >= now - grace]
+    old = [t for t in due if t < now - grace]
+    if kw["catchup"] == "skip":
+        fire_old: list[int] = []
+    elif kw["catchup"] == "latest":
+        fire_old = [] if late else old[-1:]
+    else:
+        in_window = [t for t in old if t >= now - window]
+        fire_old = in_window[max(0, len(in_window) - cap) :] if cap else []
+    return fire_old + late, len(old) - len(fire_old)
+
+
+_CRONS = [
+    parse_cron("*/7 * * * * *"),
+    parse_cron("*/20 * * * * *", "Europe/Paris"),
+    parse_cron("* * * * *", "Australia/Lord_Howe"),
+]
+
+
+_PLAN_BASES = [
+    ms("2025-03-30T00:50:00+00:00"),
+    ms("2025-10-26T00:50:00+00:00"),
+    ms("2025-04-05T14:50:00+00:00"),
+]
+
+
 @st.composite
-def _every_case(draw: st.DrawFn) -> tuple[Every, int, int, dict[str, object]]:
-    spec = Every(
-        draw(st.integers(min_value=1, max_value=600)),
-        draw(st.integers(min_value=-(10**6), max_value=10**6)),
-    )
-    cursor = draw(st.integers(min_value=0, max_value=10**7))
-    now = cursor + draw(st.integers(min_value=-(10**5), max_value=10**7))
+def _plan_case(draw: st.DrawFn) -> tuple[Spec, int, int, dict[str, object]]:
+    spec: Spec
+    if draw(st.booleans()):
+        spec = Every(
+            draw(st.integers(min_value=1, max_value=600)),
+            draw(st.integers(min_value=-(10**6), max_value=10**6)),
+        )
+        span = 10**7
+    else:
+        spec = draw(st.sampled_from(_CRONS))
+        span = 20 * MIN
+    # across the DST transitions of Paris (spring, fall) and Lord Howe (fall, 30 minutes)
+    base = draw(st.sampled_from(_PLAN_BASES))
+    cursor = base + draw(st.integers(min_value=0, max_value=span))
+    now = cursor + draw(st.integers(min_value=-span // 100, max_value=span))
     kw: dict[str, object] = {
         "catchup": draw(st.sampled_from(["skip", "latest", "all"])),
-        "grace_ms": draw(st.integers(min_value=0, max_value=10**6)),
-        "window_ms": draw(st.integers(min_value=0, max_value=10**7)),
+        "grace_ms": draw(st.integers(min_value=0, max_value=span // 10)),
+        "window_ms": draw(st.integers(min_value=0, max_value=span)),
         "cap": draw(st.integers(min_value=0, max_value=40)),
         "max_fire": draw(st.integers(min_value=1, max_value=8)),
     }
+    if draw(st.booleans()):
+        kw["start_ms"] = cursor + draw(st.integers(min_value=-span // 10, max_value=span // 2))
+    if draw(st.booleans()):
+        kw["end_ms"] = cursor + draw(st.integers(min_value=-span // 10, max_value=span))
     return spec, cursor, now, kw
 
 
-@given(_every_case())
+@given(_plan_case())
 @hsettings(max_examples=300, deadline=None)
 def test_plan_loop_decides_every_due_tick_once(
-    case: tuple[Every, int, int, dict[str, object]],
+    case: tuple[Spec, int, int, dict[str, object]],
 ) -> None:
     spec, cursor, now, kw = case
-    first = next_after(spec, cursor - 1)
-    assert first is not None
-    due = [] if first > now else list(range(first, now + 1, spec.seconds * 1000))
+    start, end = kw.get("start_ms"), kw.get("end_ms")
+    lo = max(cursor, start) if isinstance(start, int) else cursor
+    hi = min(now, end) if isinstance(end, int) else now
+    due = [t for t in preview(spec, lo - 1, 1 + (hi - lo) // 1000) if t <= hi]
+    want_fire, want_missed = _expected(due, now, kw)
     fired: list[int] = []
     missed = 0
     c: int | None = cursor
+    p: Plan | None = None
     for _ in range(len(due) + 2):
         assert c is not None
         p = _plan(spec, c, now, **kw)
+        assert len(p.fire) <= int(kw["max_fire"])  # type: ignore[call-overload]
         fired += p.fire
         missed += p.missed
         c = p.cursor
         if not p.more:
             break
-    assert not p.more
+    assert p is not None and not p.more
     assert fired == sorted(set(fired))  # distinct, ascending
-    assert all(cursor <= t <= now for t in fired) and set(fired) <= set(due)
-    if len(due) <= MISSED_COUNT_CAP:
-        assert len(fired) + missed == len(due)  # every due tick fired or missed, once
-    if first > now:
-        assert c == first
+    assert all(cursor <= t <= now for t in fired)
+    assert fired == want_fire
+    assert missed == min(want_missed, MISSED_COUNT_CAP)  # every due tick fired or missed, once
+    first = next_after(spec, lo - 1)
+    if first is None or (isinstance(end, int) and first > end):
+        assert c is None
+    elif first > hi:
+        assert c == first  # nothing due
     else:
-        assert c == next_after(spec, now)
+        assert c == next_after(spec, hi, end_ms=end if isinstance(end, int) else None)
