@@ -35,6 +35,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dtq import admin
+from dtq.admin import schedules as admin_schedules
 from dtq.calls import Audit
 from dtq.clock import redis_time_ms
 from dtq.config import Settings, describe_redis, load_settings, redact_url
@@ -42,6 +43,7 @@ from dtq.connection import async_client, choose_events
 from dtq.errors import ConfigError, DtqError, InvalidTaskError, RedisUnavailableError
 from dtq.keys import CONSUMER_GROUP, queue_streams
 from dtq.models import (
+    LIST_LIMIT_MAX,
     SUBMIT_OPTIONS,
     HistoryEntry,
     SubmitItem,
@@ -55,6 +57,7 @@ from dtq.models import (
     ttl_delta_seconds,
 )
 from dtq.records import AuditEntry, DeadLetter, QueueStats, WorkerInfo
+from dtq.schedules import HISTORY_CAP, Schedule, ScheduleDef
 from dtq.scripts import Scripts
 from dtq.store import Store, ms_to_dt
 
@@ -358,6 +361,88 @@ class Queue:
                 missing.append(stream)
         return missing
 
+    # -- periodic schedules (docs/schedules.md) -------------------------------------------------
+
+    @_redis_errors
+    async def put_schedule(
+        self,
+        name: str,
+        /,
+        definition: ScheduleDef | Mapping[str, Any] | None = None,
+        *,
+        audit: Audit | None = None,
+        **fields: Any,
+    ) -> tuple[Schedule, str]:
+        """Create or update schedule ``name`` (idempotent): a :class:`ScheduleDef`, or its
+        fields as a mapping or as keyword arguments (``cron="0 7 * * *", tz="Europe/Paris",
+        task_type="report"``). Returns the schedule and ``created``, ``updated`` or
+        ``unchanged``. The template is checked as a submit of it would be, the task type
+        against this client's registry when it has one."""
+        if definition is not None and fields:
+            raise InvalidTaskError("give the definition or its fields, not both")
+        return await admin_schedules.put_schedule(
+            self.store,
+            name,
+            fields if definition is None else definition,
+            audit=audit,
+            known_types=self.known_types,
+            payload_models=self.payload_models,
+        )
+
+    @_redis_errors
+    async def get_schedule(self, name: str, *, history: int = HISTORY_CAP) -> Schedule:
+        """Schedule ``name`` with its latest ``history`` decisions;
+        :class:`dtq.errors.ScheduleNotFoundError` if there is none."""
+        return await admin_schedules.get_schedule(self.store, name, history=history)
+
+    @_redis_errors
+    async def list_schedules(self, limit: int = LIST_LIMIT_MAX) -> builtins.list[Schedule]:
+        """Every schedule, by next fire time (paused and ended ones last)."""
+        return await admin_schedules.list_schedules(self.store, limit)
+
+    @_redis_errors
+    async def pause_schedule(self, name: str, *, audit: Audit | None = None) -> bool:
+        """Stop schedule ``name`` from firing; True if it was not paused already."""
+        return await admin_schedules.set_schedule_paused(self.store, name, True, audit=audit)
+
+    @_redis_errors
+    async def resume_schedule(self, name: str, *, audit: Audit | None = None) -> bool:
+        """Let schedule ``name`` fire again, from where it was paused, its catch-up policy
+        deciding which ticks of the pause fire; True if it was paused."""
+        return await admin_schedules.set_schedule_paused(self.store, name, False, audit=audit)
+
+    @_redis_errors
+    async def delete_schedule(self, name: str, *, audit: Audit | None = None) -> None:
+        """Delete schedule ``name`` and its keys (its tasks stay)."""
+        await admin_schedules.delete_schedule(self.store, name, audit=audit)
+
+    @_redis_errors
+    async def trigger_schedule(
+        self, name: str, *, key: str | None = None, audit: Audit | None = None
+    ) -> Task:
+        """Fire schedule ``name`` now, once per ``key`` (see
+        :func:`dtq.admin.schedules.trigger_schedule`); returns the task."""
+        return await admin_schedules.trigger_schedule(self.store, name, key=key, audit=audit)
+
+    @_redis_errors
+    async def next_fire_times(self, name: str, n: int = 10) -> builtins.list[datetime]:
+        """The next ``n`` fire times of schedule ``name``."""
+        return [ms_to_dt(ms) for ms in await admin_schedules.next_fire_times(self.store, name, n)]
+
+    @_redis_errors
+    async def preview_schedule(
+        self, definition: ScheduleDef | Mapping[str, Any], n: int = 10
+    ) -> builtins.list[datetime]:
+        """The first ``n`` fire times a schedule of ``definition`` would have if it were
+        created now (nothing is written)."""
+        d = (
+            definition.checked()
+            if isinstance(definition, ScheduleDef)
+            else ScheduleDef.parse(definition)
+        )
+        now = await redis_time_ms(self.redis)
+        return [ms_to_dt(ms) for ms in admin_schedules.preview_definition(d, now, n)]
+
     # -- workers and audit ----------------------------------------------------------------------
 
     @_redis_errors
@@ -477,6 +562,15 @@ class SyncQueue:
     workers = _blocking(Queue.workers)
     worker = _blocking(Queue.worker)
     audit_log = _blocking(Queue.audit_log)
+    put_schedule = _blocking(Queue.put_schedule)
+    get_schedule = _blocking(Queue.get_schedule)
+    list_schedules = _blocking(Queue.list_schedules)
+    pause_schedule = _blocking(Queue.pause_schedule)
+    resume_schedule = _blocking(Queue.resume_schedule)
+    delete_schedule = _blocking(Queue.delete_schedule)
+    trigger_schedule = _blocking(Queue.trigger_schedule)
+    next_fire_times = _blocking(Queue.next_fire_times)
+    preview_schedule = _blocking(Queue.preview_schedule)
 
     def close(self) -> None:
         self._runner.run(self._queue.close())

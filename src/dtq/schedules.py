@@ -338,4 +338,3 @@ def parse_schedule(h: Mapping[str, str], history: list[str] | None = None) -> Sc
         rev=int(h.get("rev") or 0),
         history=[json.loads(e) for e in history or ()],
     )
-

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel
 
@@ -45,6 +45,7 @@ __all__ = [
     "locate",
     "next_fire_times",
     "plan_firing",
+    "preview_definition",
     "put_schedule",
     "set_schedule_paused",
     "sync_code_schedules",
@@ -125,6 +126,7 @@ async def put_schedule(
         cursor,
         source,
         d.paused,
+        d.overlap,
         HISTORY_CAP,
         audit,
     )
@@ -149,8 +151,11 @@ async def list_schedules(store: Store, limit: int = LIST_LIMIT_MAX) -> builtins.
     redis = store.redis
     found: list[tuple[float, str, str]] = []
     for scope in await store.scopes():
-        for member, score in await redis.zrange(keys.schedules(scope), 0, limit - 1, withscores=True):
-            found.append((score, member, scope))
+        page = cast(
+            list[tuple[str, float]],
+            await redis.zrange(keys.schedules(scope), 0, limit - 1, withscores=True),
+        )
+        found += [(float(score), str(member), scope) for member, score in page]
     found.sort()
     found = found[:limit]
     if not found:
@@ -168,7 +173,7 @@ async def set_schedule_paused(
     on from where it was paused: the ticks of the pause are due at once, and its catch-up
     policy decides which fire."""
     queue = await _located(store, name)
-    op = "pause" if paused else "resume"
+    op: Literal["pause", "resume"] = "pause" if paused else "resume"
     changed = await calls.schedule_set(store, name, queue, op, reason, HISTORY_CAP, audit)
     if changed < 0:
         raise ScheduleNotFoundError(f"schedule {name!r} not found", schedule=name)
@@ -182,9 +187,7 @@ async def delete_schedule(store: Store, name: str, *, audit: Audit | None = None
         raise ScheduleNotFoundError(f"schedule {name!r} not found", schedule=name)
 
 
-async def next_fire_times(
-    store: Store, name: str, n: int = 10
-) -> builtins.list[int]:
+async def next_fire_times(store: Store, name: str, n: int = 10) -> builtins.list[int]:
     """The next ``n`` fire times of schedule ``name`` (epoch ms): from its cursor when that is
     ahead, else from now; [] when it has ended."""
     if not 1 <= n <= PREVIEW_MAX:
@@ -194,11 +197,16 @@ async def next_fire_times(
     d = s.definition
     if s.next_fire_at is None:
         return []
-    cursor = round(s.next_fire_at.timestamp() * 1000)
-    start = max(cursor, now)
+    return preview_definition(d, max(round(s.next_fire_at.timestamp() * 1000), now), n)
+
+
+def preview_definition(d: ScheduleDef, from_ms: int, n: int) -> builtins.list[int]:
+    """The first ``n`` ticks of ``d`` at or after ``from_ms`` (and its start), before its end."""
+    if not 1 <= n <= PREVIEW_MAX:
+        raise InvalidTaskError(f"n must be from 1 to {PREVIEW_MAX}", field="n")
     if d.start_ms is not None:
-        start = max(start, d.start_ms)
-    return ticks.preview(d.spec(), start - 1, n, end_ms=d.end_ms)
+        from_ms = max(from_ms, d.start_ms)
+    return ticks.preview(d.spec(), from_ms - 1, n, end_ms=d.end_ms)
 
 
 # -- firing -------------------------------------------------------------------------------------
@@ -349,7 +357,6 @@ async def trigger_schedule(
             task = task.model_copy(update={"duplicate": True})
         return task
     raise ScheduleNotFoundError(f"schedule {name!r} not found", schedule=name)
-
 
 
 REMOVED_FROM_CODE = "removed from code"

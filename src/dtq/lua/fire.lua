@@ -132,9 +132,11 @@ for i = 0, n - 1 do
     if r[1] == 'new' then
       decision, task_id, detail = 'fired', tid, tostring(now - tick)
       prev, prev_running = tid, r[2] ~= 'expired'
-    elseif r[1] == 'dup' then
+    elseif r[1] == 'dup' or r[2] == 'IDEMPOTENCY_IN_PROGRESS' then
+      -- the firing's task exists (its key's record: a replay, or a second trigger of one key)
+      local running = r[1] == 'err' or r[2] == 'processing'
       decision, task_id = 'duplicate', r[3]
-      if r[3] == prev or prev == '' then prev, prev_running = r[3], r[2] == 'processing' end
+      if r[3] == prev or prev == '' then prev, prev_running = r[3], running end
     else
       decision, detail = 'rejected', r[2] .. ': ' .. tostring(r[3])
       error_detail = detail

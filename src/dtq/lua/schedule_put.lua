@@ -14,6 +14,7 @@
 -- ARGV[6] the cursor for a new spec ("" = no tick: it ended)  [7] source ("api" | "code")
 -- ARGV[8] paused: "1" | "0" | "" (not said: a new schedule is active, a stored one keeps its)
 -- ARGV[9] history cap  [10] events channel  [11] event id  [12] audit actor  [13] request id
+-- ARGV[14] the overlap policy (kept beside the definition: fire.lua reads it)
 -- Returns {'created' | 'updated' | 'unchanged', rev}
 local call = redis.call
 local h, khist, index = KEYS[1], KEYS[2], KEYS[3]
@@ -46,7 +47,7 @@ else
 end
 call('HSET', h, 'queue', queue, 'task_type', ARGV[3], 'definition', def, 'spec_key', spec_key,
   'cursor', cursor, 'source', source, 'paused', paused, 'paused_reason', reason,
-  'updated_at', ts)
+  'overlap', ARGV[14], 'updated_at', ts)
 local score = '+inf'
 if paused ~= '1' and cursor ~= '' then score = cursor end
 call('ZADD', index, score, name)

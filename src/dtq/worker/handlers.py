@@ -37,8 +37,8 @@ from dtq.calls import Entry, Outcome, StartReply
 from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.models import compact_json
-from dtq.schedules import firing_of
 from dtq.retry import PayloadDecodeError, classify, next_retry_delay_s, sanitize
+from dtq.schedules import firing_of
 from dtq.store import Store, ms_to_dt
 from dtq.worker.outage import TRANSIENT
 from dtq.worker.threads import ThreadJob, ThreadRunner

@@ -91,7 +91,6 @@ class MetricsObserver(WorkerObserver):
         for queue, task_type in event.expired:
             self.metrics.task_completed(queue, task_type, "expired")
 
-
     def schedules_fired(self, event: ScheduleDecisions) -> None:
         for queue, task_type, status, n, lag_s in event.decisions:
             self.metrics.schedule_decided(queue, task_type, status, n, lag_s)

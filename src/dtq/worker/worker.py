@@ -61,9 +61,9 @@ from dtq.store import Store
 from dtq.worker.connection import worker_redis
 from dtq.worker.consumers import drop_own, worker_states
 from dtq.worker.execution import Executor
+from dtq.worker.firer import Firer
 from dtq.worker.heartbeat import Heartbeat
 from dtq.worker.intake import BLOCK_MS, READ_BATCH, Intake
-from dtq.worker.firer import Firer
 from dtq.worker.observer import ScheduleDecisions, SchedulerBatch, WorkerObserver
 from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq.worker.scheduler import Scheduler, TickResult
