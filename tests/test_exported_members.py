@@ -30,6 +30,8 @@ MODULES = [
     "dtq.log",
     "dtq.models",
     "dtq.retry",
+    "dtq.schedules",
+    "dtq.ticks",
     "dtq.scripts",
     "dtq.sentinel",
     "dtq.store",

@@ -162,6 +162,10 @@ EVENT_TYPES = (
     "WORKER_STOPPED",
     "WORKER_STALE",
     "CONFIGURATION_CHANGED",
+    # Deliberate extensions (docs/schedules.md): a schedule enqueued a tick's task, or decided
+    # not to (overlap, missed ticks).
+    "SCHEDULE_FIRED",
+    "SCHEDULE_SKIPPED",
 )
 
 

@@ -289,7 +289,7 @@ class Schedule(BaseModel):
     name: str
     state: Literal["active", "paused", "ended"]
     paused_reason: str | None = None
-    source: Literal["api", "code"] = "api"
+    origin: Literal["api", "code"] = "api"  # made over the SDK/HTTP/CLI, or declared in code
     definition: ScheduleDef
     next_fire_at: datetime | None = None
     last_tick_at: datetime | None = None
@@ -322,7 +322,7 @@ def parse_schedule(h: Mapping[str, str], history: list[str] | None = None) -> Sc
         name=h["name"],
         state=state,
         paused_reason=h.get("paused_reason") or None,
-        source="code" if h.get("source") == "code" else "api",
+        origin="code" if h.get("source") == "code" else "api",
         definition=d.model_copy(update={"paused": paused}),
         next_fire_at=_dt(cursor),
         last_tick_at=_dt(h.get("last_tick_ms")),

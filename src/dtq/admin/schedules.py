@@ -381,7 +381,7 @@ async def sync_code_schedules(
     paused: list[str] = []
     for s in await list_schedules(store):
         if (
-            s.source == "code"
+            s.origin == "code"
             and s.name not in declared
             and s.definition.task_type in task_types
             and s.state != "paused"
