@@ -1254,6 +1254,7 @@ async def remove_queue(
                         keys.expiry(queue),
                         keys.cancelled(queue),
                         keys.dead_letter(queue),
+                        keys.schedules(queue),
                     )
                     if keys.cluster_layout()
                     else (keys.QUEUES,)

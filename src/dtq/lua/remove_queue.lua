@@ -24,11 +24,14 @@
 --   dtq:expiry, dtq:cancelled and dtq:stream:dead-letter, all of which must be empty (busy
 --   "scheduled" or "dead_letters" otherwise: the flat layout's caller scans its shared sets, and
 --   its dead letters outlive their queue's name in the one shared stream)
+-- KEYS[17], cluster layout only: the queue's schedule index, which must be empty too (busy
+--   "schedules": the firer finds a queue's schedules through dtq:queues; docs/schedules.md)
 -- ARGV[1] queue  [2] idle TTL ms  [3] consumer group  [4] "check" | "remove"
 -- ARGV[5] the mark the check returned ("remove" only)
 -- Returns {"idle", mark} (check) | {"removed"} (remove) | {"busy", why}, why one of: default,
 --   in_flight (a pending entry), waiting (an entry not delivered), recent (activity within the
---   idle TTL), changed (remove: the mark moved since the check)
+--   idle TTL), changed (remove: the mark moved since the check), scheduled, dead_letters,
+--   schedules (cluster layout)
 local queue, ttl, group, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 if queue == 'default' then return {'busy', 'default'} end
 
@@ -42,7 +45,8 @@ local function last_id(stream)
   return nil
 end
 
-if #KEYS == 16 then
+if #KEYS == 17 then
+  if redis.call('ZCARD', KEYS[17]) > 0 then return {'busy', 'schedules'} end
   for k = 12, 14 do
     if redis.call('ZCARD', KEYS[k]) > 0 then return {'busy', 'scheduled'} end
   end
