@@ -102,7 +102,9 @@ class ScheduleDef(BaseModel):
     overlap: Overlap = "skip"
     catchup: Catchup = "latest"
     catchup_window_s: int = Field(default=3_600, ge=1, le=MAX_WINDOW_S)
-    grace_s: int = Field(default=10, ge=1, le=MAX_GRACE_S)
+    # At least 3 s: a worker other than the leader fires a tick once it is 2 s late
+    # (dtq.worker.firer.TAKEOVER_MS), and such a tick must still be late, not missed.
+    grace_s: int = Field(default=10, ge=3, le=MAX_GRACE_S)
     paused: bool | None = None  # on create: start paused; on update: None keeps the state
 
     @field_validator("anchor", "start_at", "end_at")

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from dtq import calls, keys, ticks
 from dtq.calls import Audit, FireCandidate, FireReply, Firing
 from dtq.clock import redis_time_ms
-from dtq.errors import InvalidTaskError, QueueFullError, ScheduleNotFoundError
+from dtq.errors import DtqError, InvalidTaskError, QueueFullError, ScheduleNotFoundError
 from dtq.models import LIST_LIMIT_MAX, Task, check_list_limit
 from dtq.schedules import (
     BUFFER_POLL_MS,
@@ -270,13 +270,17 @@ async def fire_due(
     store: Store,
     due: Sequence[tuple[str, str]],
     definitions: dict[str, ScheduleDef],
+    refused: builtins.list[tuple[str, str, DtqError]],
+    skip: Collection[tuple[str, str]] = (),
 ) -> builtins.list[tuple[Firing, FireReply]]:
-    """Fire schedules ``due`` ((name, queue) pairs whose index score has come): read each hash,
-    plan, and send every fire.lua call in one round trip; a call that finds the schedule
-    changed is planned and sent again (up to ``CAS_TRIES`` times). ``definitions`` caches the
-    parsed definitions by their JSON. Returns each call that ran and its reply."""
+    """Fire schedules ``due`` ((name, queue) pairs whose index score has come) but those in
+    ``skip``: read each hash, plan, and send every fire.lua call in one round trip; a call that
+    finds the schedule changed is planned and sent again (up to ``CAS_TRIES`` times).
+    ``definitions`` caches the parsed definitions by their JSON. Returns each call that ran and
+    its reply; a schedule whose firing's task this process refuses (its template against the
+    settings) is added to ``refused`` with the error, and not fired."""
     redis = store.redis
-    todo = list(due)
+    todo = [(name, queue) for name, queue in due if (name, queue) not in skip]
     done: list[tuple[Firing, FireReply]] = []
     for _ in range(CAS_TRIES):
         if not todo:
@@ -298,7 +302,15 @@ async def fire_due(
                 if len(definitions) > 10_000:
                     definitions.clear()
                 d = definitions[raw] = ScheduleDef.model_validate_json(raw)
-            firings.append(plan_firing(name, h, d, now, store))
+            try:
+                firings.append(plan_firing(name, h, d, now, store))
+            except DtqError as exc:
+                # The template was valid when it was stored, and is not under this process's
+                # settings (a lower DTQ_MAX_ATTEMPTS, DTQ_MAX_PAYLOAD_BYTES): this schedule
+                # waits, the others fire.
+                refused.append((name, queue, exc))
+        if not firings:
+            break
         replies = await calls.fire(store, firings, HISTORY_CAP, BUFFER_POLL_MS)
         todo = []
         for f, reply in zip(firings, replies, strict=True):

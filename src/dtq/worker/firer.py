@@ -23,11 +23,13 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 
 from dtq import keys
 from dtq.admin.schedules import fire_due
 from dtq.calls import FireReply, Firing
+from dtq.errors import DtqError
 from dtq.schedules import ScheduleDef
 from dtq.store import Store
 from dtq.worker.outage import TRANSIENT, RedisOutage
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 TAKEOVER_MS = 2_000  # how late a schedule is before a worker other than the leader fires it
 POLL_S = 0.2  # longest pause between passes
 DUE_BATCH = 200  # due schedules read per index per pass (a full batch: the next pass at once)
+REFUSED_RETRY_S = 10  # a schedule whose task this process refuses is planned again after this
 
 Fired = Callable[[Sequence[tuple[Firing, FireReply]]], None]
 
@@ -58,6 +61,7 @@ class Firer:
         self.on_fired = on_fired
         self.outage = outage or RedisOutage()
         self._definitions: dict[str, ScheduleDef] = {}
+        self._refused: dict[tuple[str, str], float] = {}  # -> monotonic time to try again
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Pass after pass until ``stopping`` is set."""
@@ -100,7 +104,23 @@ class Firer:
             if first and first[0][1] > horizon:
                 next_ms = min(next_ms, first[0][1] + late_ms)
         if due:
-            done = await fire_due(self.store, due, self._definitions)
+            refused: list[tuple[str, str, DtqError]] = []
+            mono = time.monotonic()
+            skip = {k for k, until in self._refused.items() if until > mono}
+            done = await fire_due(self.store, due, self._definitions, refused, skip)
+            for name, queue, exc in refused:
+                if (name, queue) not in self._refused:
+                    log.error(
+                        "schedule %s: its task is refused here (%s: %s); not fired, tried again "
+                        "every %d s",
+                        name,
+                        exc.code,
+                        exc.message,
+                        REFUSED_RETRY_S,
+                    )
+                self._refused[(name, queue)] = mono + REFUSED_RETRY_S
+            for key in [k for k, until in self._refused.items() if until <= mono]:
+                del self._refused[key]
             self._report(done)
             if full:
                 return 0.0
