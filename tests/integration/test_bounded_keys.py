@@ -51,6 +51,11 @@ BOUNDED: dict[str, str] = {
         "entry or the hash is gone"
     ),
     r"dtq:queue:[a-z0-9][a-z0-9_-]{0,63}:paused": "one per paused queue, deleted at resume",
+    r"dtq:schedules": "one member per schedule, removed when it is deleted",
+    r"dtq:schedule:[a-z0-9][a-z0-9_-]{0,63}": "one hash per schedule, deleted with it",
+    r"dtq:schedule:[a-z0-9][a-z0-9_-]{0,63}:history": (
+        "one list per schedule, LTRIMmed to its last 100 decisions, deleted with it"
+    ),
 }
 BOUNDED_RE = re.compile("|".join(f"(?:{p})" for p in BOUNDED) + r"\Z")
 TASK_KEY_RE = re.compile(r"dtq:task:([0-9a-f]{32})(?::history)?\Z")
@@ -97,6 +102,10 @@ async def mixed_workload(q: Queue, small: Queue, r: Redis) -> None:
     for _ in range(4):
         with contextlib.suppress(QueueFullError):
             await small.submit("echo_task", queue="tiny")
+    # A schedule, its manual firing (a task with its own idempotency record) and its history.
+    await q.put_schedule("nightly", cron="0 3 * * *", task_type="echo_task", queue="mix")
+    await q.trigger_schedule("nightly")
+    await q.pause_schedule("nightly")
     # The expiry sweep (the scheduler leader's job) marks the due task and cleans its indexes.
     h = await r.hgetall(keys.task(expiring.task_id))
     now = await wait_until_redis_ms(r, int(h["expires_at_ms"]))
