@@ -12,8 +12,9 @@ other). Two firers that plan the same tick are harmless: the first call moves th
 has the idempotency key ``schedule:<name>:<tick ms>``.
 
 Between passes the firer sleeps until the next fire time in the indexes, at most ``POLL_S``
-(a schedule created, resumed or changed elsewhere is seen within that), so a tick fires within
-a few milliseconds of its time on the leader. A Redis failure is reported to the worker's
+on the leader (a schedule created, resumed or changed elsewhere is seen within that), so a
+tick fires within a few milliseconds of its time there; at most ``STANDBY_POLL_S`` on the
+others. A Redis failure is reported to the worker's
 :class:`~dtq.worker.outage.RedisOutage` and the pass is tried again after ``POLL_S``.
 """
 
@@ -34,12 +35,13 @@ from dtq.schedules import ScheduleDef
 from dtq.store import Store
 from dtq.worker.outage import TRANSIENT, RedisOutage
 
-__all__ = ["DUE_BATCH", "POLL_S", "TAKEOVER_MS", "Firer"]
+__all__ = ["DUE_BATCH", "POLL_S", "STANDBY_POLL_S", "TAKEOVER_MS", "Firer"]
 
 log = logging.getLogger(__name__)
 
 TAKEOVER_MS = 2_000  # how late a schedule is before a worker other than the leader fires it
-POLL_S = 0.2  # longest pause between passes
+POLL_S = 0.2  # longest pause between passes of the leader
+STANDBY_POLL_S = 0.5  # of any other worker (it fires only what is TAKEOVER_MS late)
 DUE_BATCH = 200  # due schedules read per index per pass (a full batch: the next pass at once)
 REFUSED_RETRY_S = 10  # a schedule whose task this process refuses is planned again after this
 
@@ -125,9 +127,10 @@ class Firer:
             if full:
                 return 0.0
             return 0.0 if any(r.kind == "ok" and _due_again(r, now) for _, r in done) else POLL_S
+        poll_s = POLL_S if leader else STANDBY_POLL_S
         if next_ms == math.inf:
-            return POLL_S
-        return min(POLL_S, max(0.0, (next_ms - now) / 1000))
+            return poll_s
+        return min(poll_s, max(0.0, (next_ms - now) / 1000))
 
     def _report(self, done: Sequence[tuple[Firing, FireReply]]) -> None:
         for firing, reply in done:
