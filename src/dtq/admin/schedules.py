@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from dtq import calls, keys, ticks
 from dtq.calls import Audit, FireCandidate, FireReply, Firing
-from dtq.clock import redis_time_ms
+from dtq.clock import redis_time_ms, time_reply_ms
 from dtq.errors import DtqError, InvalidTaskError, QueueFullError, ScheduleNotFoundError
 from dtq.models import LIST_LIMIT_MAX, Task, check_list_limit
 from dtq.schedules import (
@@ -290,7 +290,7 @@ async def fire_due(
             pipe.hgetall(keys.schedule(name, queue))
         pipe.time()
         *hashes, clock = await pipe.execute()
-        now = int(clock[0]) * 1000 + int(clock[1]) // 1000
+        now = time_reply_ms(clock)
         firings: list[Firing] = []
         for (name, queue), h in zip(todo, hashes, strict=True):
             if not h:  # deleted meanwhile: fire.lua removes a stale index member
@@ -339,7 +339,7 @@ async def trigger_schedule(
         h, clock = await pipe.execute()
         if not h:
             break
-        now = int(clock[0]) * 1000 + int(clock[1]) // 1000
+        now = time_reply_ms(clock)
         d = ScheduleDef.model_validate_json(h["definition"])
         cand = _candidate(d, name, now, "trigger", store, manual=key or str(now))
         firing = Firing(

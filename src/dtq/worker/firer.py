@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dtq import keys
 from dtq.admin.schedules import fire_due
 from dtq.calls import FireReply, Firing
+from dtq.clock import time_reply_ms
 from dtq.errors import DtqError
 from dtq.schedules import ScheduleDef
 from dtq.store import Store
@@ -87,8 +88,7 @@ class Firer:
         leader = self.is_leader()
         late_ms = 0 if leader else TAKEOVER_MS
         scopes = await self.store.scopes()
-        clock = await redis.time()
-        now = int(clock[0]) * 1000 + int(clock[1]) // 1000
+        now = time_reply_ms(await redis.time())
         horizon = now - late_ms
         pipe = redis.pipeline(transaction=False)
         for scope in scopes:
