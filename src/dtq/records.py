@@ -268,7 +268,8 @@ def _queue_list(raw: str) -> list[str]:
 
 class AuditEntry(BaseModel):
     """One operator action of ``dtq:stream:audit`` (contract section 13; ``queue`` is an
-    extension naming the queue a queue-level action touched, and a task action's queue)."""
+    extension naming the queue a queue-level action touched, and a task action's queue;
+    ``schedule``, one naming the schedule of a schedule action)."""
 
     entry_id: str
     actor: str
@@ -277,6 +278,7 @@ class AuditEntry(BaseModel):
     queue: str | None = None
     ts: datetime
     request_id: str | None = None
+    schedule: str | None = None  # extension: the schedule an action on one touched
 
     @classmethod
     def from_entry(cls, entry_id: str, f: Mapping[str, str]) -> AuditEntry:
@@ -291,4 +293,5 @@ class AuditEntry(BaseModel):
             queue=f.get("queue") or None,
             ts=ts,
             request_id=f.get("request_id") or None,
+            schedule=f.get("schedule") or None,
         )

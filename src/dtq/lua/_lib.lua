@@ -110,9 +110,16 @@ end
 -- Append one operator action to the audit stream (contract 13) in the script that makes the
 -- change, so the entry and the change are one atomic step. No actor: nothing is written.
 -- Fields: the contract's {actor, action, task_id, ts, request_id} plus `queue` (extension: a
--- queue-level action has no task id to say which queue it touched). MAXLEN ~ 10000.
-local function audit(key, actor, request_id, action, task_id, queue, ts)
+-- queue-level action has no task id to say which queue it touched), and `schedule` for an
+-- action on a schedule (extension). MAXLEN ~ 10000.
+local function audit(key, actor, request_id, action, task_id, queue, ts, schedule)
   if actor == nil or actor == '' then return end
+  if schedule then
+    redis.call('XADD', key, 'MAXLEN', '~', 10000, '*', 'actor', actor, 'action', action,
+      'task_id', task_id or '', 'queue', queue or '', 'ts', ts, 'request_id', request_id or '',
+      'schedule', schedule)
+    return
+  end
   redis.call('XADD', key, 'MAXLEN', '~', 10000, '*', 'actor', actor, 'action', action,
     'task_id', task_id or '', 'queue', queue or '', 'ts', ts, 'request_id', request_id or '')
 end

@@ -199,7 +199,7 @@ call('HSET', h, unpack(fields))
 local rev = call('HINCRBY', h, 'rev', 1)
 if mode == 'trigger' then
   audit(KEYS[5], ARGV[13], ARGV[14], 'schedule_trigger', results[1] and results[1][3] or '',
-    queue, ts)
+    queue, ts, name)
 end
 if #entries > 0 then
   -- newest first; the list keeps the hist_cap latest decisions

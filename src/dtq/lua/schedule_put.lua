@@ -40,7 +40,7 @@ else
   end
   cursor = old[3] == spec_key and old[6] or ARGV[6]
   if old[2] == def and old[7] == source and paused == old[4] and reason == (old[5] or '') then
-    audit(KEYS[4], ARGV[12], ARGV[13], 'schedule_put', '', queue, ts)
+    audit(KEYS[4], ARGV[12], ARGV[13], 'schedule_put', '', queue, ts, name)
     return {'unchanged', old[1]}
   end
   outcome = 'updated'
@@ -57,5 +57,5 @@ call('LPUSH', khist, cjson.encode({ts = ts, decision = outcome, source = source}
 call('LTRIM', khist, 0, tonumber(ARGV[9]) - 1)
 emit(ARGV[10], ARGV[11], ts, 'CONFIGURATION_CHANGED', cjson.null, queue, cjson.null, 0, nil,
   {schedule = name, change = outcome})
-audit(KEYS[4], ARGV[12], ARGV[13], 'schedule_put', '', queue, ts)
+audit(KEYS[4], ARGV[12], ARGV[13], 'schedule_put', '', queue, ts, name)
 return {outcome, tostring(rev)}

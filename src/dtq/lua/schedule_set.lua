@@ -50,5 +50,5 @@ if op ~= 'delete' then
 end
 emit(ARGV[5], ARGV[6], ts, 'CONFIGURATION_CHANGED', cjson.null, queue, cjson.null, 0, nil,
   {schedule = name, change = change})
-audit(KEYS[4], ARGV[7], ARGV[8], 'schedule_' .. op, '', queue, ts)
+audit(KEYS[4], ARGV[7], ARGV[8], 'schedule_' .. op, '', queue, ts, name)
 return 1
