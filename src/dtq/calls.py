@@ -1471,8 +1471,10 @@ async def schedule_put(
     overlap: str,
     history_cap: int,
     audit: Audit | None,
+    only: Literal["create", "update"] | None = None,
 ) -> tuple[str, int]:
-    """schedule_put.lua: (created | updated | unchanged, rev)."""
+    """schedule_put.lua: (created | updated | unchanged, rev), or (exists | missing, rev)
+    when ``only`` refused."""
     flat = not keys.cluster_layout()
     outcome, rev = await db.scripts.call(
         db.redis,
@@ -1492,9 +1494,10 @@ async def schedule_put(
             new_id(),
             *_audit(audit),
             overlap,
+            only or "",
         ],
     )
-    return str(outcome), int(rev)
+    return str(outcome), int(rev or 0)
 
 
 async def schedule_set(

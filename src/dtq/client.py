@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, Self, TypeVar, Unpack
+from typing import Any, Concatenate, Literal, ParamSpec, Self, TypeVar, Unpack
 
 from pydantic import BaseModel
 from redis.asyncio import Redis
@@ -371,13 +371,16 @@ class Queue:
         definition: ScheduleDef | Mapping[str, Any] | None = None,
         *,
         audit: Audit | None = None,
+        only: Literal["create", "update"] | None = None,
         **fields: Any,
     ) -> tuple[Schedule, str]:
         """Create or update schedule ``name`` (idempotent): a :class:`ScheduleDef`, or its
         fields as a mapping or as keyword arguments (``cron="0 7 * * *", tz="Europe/Paris",
         task_type="report"``). Returns the schedule and ``created``, ``updated`` or
         ``unchanged``. The template is checked as a submit of it would be, the task type
-        against this client's registry when it has one."""
+        against this client's registry when it has one. ``only="create"`` refuses a name that
+        exists (:class:`dtq.errors.ScheduleExistsError`), ``only="update"`` one that does not
+        (:class:`dtq.errors.ScheduleNotFoundError`)."""
         if definition is not None and fields:
             raise InvalidTaskError("give the definition or its fields, not both")
         return await admin_schedules.put_schedule(
@@ -387,6 +390,7 @@ class Queue:
             audit=audit,
             known_types=self.known_types,
             payload_models=self.payload_models,
+            only=only,
         )
 
     @_redis_errors

@@ -12,6 +12,7 @@ The tree is shallow; the API and the CLI map each leaf to one error code (``code
     ├── IdempotencyInProgressError    IDEMPOTENCY_IN_PROGRESS 409
     ├── TaskNotFoundError             TASK_NOT_FOUND       404
     ├── ScheduleNotFoundError         SCHEDULE_NOT_FOUND   404
+    ├── ScheduleExistsError           SCHEDULE_EXISTS      409
     ├── InvalidTransitionError        INVALID_TRANSITION   409
     │   ├── TaskRunningError          TASK_RUNNING         409  (cancel requested)
     │   └── TaskTerminalError         TASK_TERMINAL        410
@@ -39,6 +40,7 @@ __all__ = [
     "QueueFullError",
     "RedisUnavailableError",
     "ReplicationTimeoutError",
+    "ScheduleExistsError",
     "ScheduleNotFoundError",
     "ScheduleSpecError",
     "TaskNotFoundError",
@@ -103,6 +105,12 @@ class IdempotencyInProgressError(DtqError):
 
 class ScheduleNotFoundError(DtqError):
     code = "SCHEDULE_NOT_FOUND"
+
+
+class ScheduleExistsError(DtqError):
+    """A create-only put found a schedule of that name."""
+
+    code = "SCHEDULE_EXISTS"
 
 
 class TaskNotFoundError(DtqError):

@@ -20,7 +20,13 @@ from pydantic import BaseModel
 from dtq import calls, keys, ticks
 from dtq.calls import Audit, FireCandidate, FireReply, Firing
 from dtq.clock import redis_time_ms, time_reply_ms
-from dtq.errors import DtqError, InvalidTaskError, QueueFullError, ScheduleNotFoundError
+from dtq.errors import (
+    DtqError,
+    InvalidTaskError,
+    QueueFullError,
+    ScheduleExistsError,
+    ScheduleNotFoundError,
+)
 from dtq.models import LIST_LIMIT_MAX, Task, check_list_limit
 from dtq.schedules import (
     BUFFER_POLL_MS,
@@ -96,18 +102,26 @@ async def put_schedule(
     audit: Audit | None = None,
     known_types: Collection[str] | None = None,
     payload_models: Mapping[str, type[BaseModel]] | None = None,
+    only: Literal["create", "update"] | None = None,
 ) -> tuple[Schedule, str]:
     """Create or update schedule ``name``: (the schedule, ``created`` | ``updated`` |
     ``unchanged``). The template is checked as a submit of it would be (a firing's request is
-    built from it now); ``known_types`` refuses task types no handler is registered for."""
+    built from it now); ``known_types`` refuses task types no handler is registered for.
+    ``only="create"`` refuses a name that exists (ScheduleExistsError), ``only="update"`` one
+    that does not (ScheduleNotFoundError), in the same script that writes."""
     name = check_schedule_name(name)
     d = _defined(definition)
     redis = store.redis
     now = await redis_time_ms(redis)
     template_request(d, name, now, store.settings, known_types, payload_models)
     cursor = d.first_cursor(now)
+    moved = False
     if keys.cluster_layout():
         old = await locate(store, name)
+        if only == "create" and old is not None:
+            raise ScheduleExistsError(f"schedule {name!r} exists", schedule=name)
+        if only == "update" and old is None:
+            raise ScheduleNotFoundError(f"schedule {name!r} not found", schedule=name)
         if old is not None and old != d.queue:
             spec_key, old_cursor = await redis.hmget(
                 keys.schedule(name, old), ["spec_key", "cursor"]
@@ -115,6 +129,7 @@ async def put_schedule(
             if spec_key == d.spec_key():
                 cursor = int(old_cursor) if old_cursor else None
             await calls.schedule_set(store, name, old, "delete", "", HISTORY_CAP, None)
+            moved = True
         await redis.sadd(keys.QUEUES, d.queue)  # the firer finds the queue's index there
     outcome, _ = await calls.schedule_put(
         store,
@@ -129,7 +144,13 @@ async def put_schedule(
         d.overlap,
         HISTORY_CAP,
         audit,
+        # a schedule moved to another queue's slot was deleted there just now: create it
+        None if only == "update" and moved else only,
     )
+    if outcome == "exists":
+        raise ScheduleExistsError(f"schedule {name!r} exists", schedule=name)
+    if outcome == "missing":
+        raise ScheduleNotFoundError(f"schedule {name!r} not found", schedule=name)
     return await get_schedule(store, name), outcome
 
 

@@ -15,7 +15,9 @@
 -- ARGV[8] paused: "1" | "0" | "" (not said: a new schedule is active, a stored one keeps its)
 -- ARGV[9] history cap  [10] events channel  [11] event id  [12] audit actor  [13] request id
 -- ARGV[14] the overlap policy (kept beside the definition: fire.lua reads it)
--- Returns {'created' | 'updated' | 'unchanged', rev}
+-- ARGV[15] "create" (only if there is none), "update" (only if there is one) or "" (either)
+-- Returns {'created' | 'updated' | 'unchanged', rev}, or {'exists', rev} / {'missing', ''}
+--   when ARGV[15] refused (nothing written)
 local call = redis.call
 local h, khist, index = KEYS[1], KEYS[2], KEYS[3]
 local name, queue, def, spec_key = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
@@ -25,6 +27,8 @@ local ts = iso(now)
 local old = call('HMGET', h, 'rev', 'definition', 'spec_key', 'paused', 'paused_reason',
   'cursor', 'source', 'buffered_ms')
 
+if ARGV[15] == 'create' and old[1] then return {'exists', old[1]} end
+if ARGV[15] == 'update' and not old[1] then return {'missing', ''} end
 local outcome, cursor, paused, reason
 if not old[1] then
   outcome, cursor = 'created', ARGV[6]
