@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from dtq_cli import inputs
+from dtq_cli import inputs, schedule_args
 from dtq_cli.flags import FMT, json_flag, sub, task_id_flag, template_flags, yes_flag
 
 __all__ = ["build_parser"]
@@ -22,6 +22,8 @@ examples:
   dtq cancel 3f2a9c0d5e6f47a8b9c0d1e2f3a4b5c6
   dtq dlq list
   dtq queue stats --json
+  dtq schedule add nightly --cron '0 3 * * *' --tz Europe/Paris --task-type cleanup
+  dtq schedule list
   dtq worker run --queue default --concurrency 8
   dtq dev
 
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     _task_commands(subs)
     _dlq_commands(subs)
     _queue_commands(subs)
+    schedule_args.add_commands(subs)
     _process_commands(subs)
     return parser
 
