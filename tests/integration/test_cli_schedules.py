@@ -260,8 +260,9 @@ async def test_pause_resume_remove_and_audit(cli: Cli, queue: Queue, settings: S
     assert doc == {"name": "poll", "paused": False, "changed": True}
     assert cli.ok("schedule", "resume", "poll").out.strip() == "Schedule poll was already active."
     assert (await queue.get_schedule("poll")).state == "active"
+    # An unknown schedule: refused before remove asks (or refuses to ask) for a confirmation.
     for action in ("pause", "resume", "remove", "trigger"):
-        run = cli.fails(1, "schedule", action, "nope", "--yes" if action == "remove" else "--json")
+        run = cli.fails(1, "schedule", action, "nope")
         assert run.err.strip() == "dtq: error: schedule 'nope' not found", action
 
     run = cli.fails(2, "schedule", "remove", "poll")  # stdin is not a terminal, no --yes
