@@ -64,7 +64,8 @@ def _definition_flags(p: argparse.ArgumentParser, *, create: bool) -> None:
                    help="a tick at most this late still fires, whatever the catch-up policy "
                    "(default 10s)")  # fmt: skip
     p.add_argument("--paused", action="store_const", const=True, default=None,
-                   help="create paused / pause it" if create else "pause it")  # fmt: skip
+                   help="create it paused" if create else "pause it (dtq schedule resume "
+                   "resumes it)")  # fmt: skip
     json_flag(p)
 
 

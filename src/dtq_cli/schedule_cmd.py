@@ -125,6 +125,11 @@ async def update(ctx: Ctx) -> int:
         fields.update(cron=None, tz="UTC")
     fields.update(given)
     s, outcome = await ctx.q.put_schedule(name, fields, audit=ctx.audit())
+    if stored.origin == "code" and outcome == "updated":
+        ctx.out.note(
+            f"note: schedule {name} is declared in code: the next worker that starts with that "
+            "code puts the code's definition back"
+        )
     return await _put_done(ctx, s, outcome)
 
 

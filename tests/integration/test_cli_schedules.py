@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from dtq import Queue, keys
+from dtq.admin.schedules import put_schedule
 from dtq.config import Settings
 from dtq.connection import sync_client
 from dtq.schedules import ScheduleDef
@@ -133,6 +134,12 @@ async def test_update_keeps_what_it_is_not_given(cli: Cli, queue: Queue) -> None
     cli.ok("schedule", "update", "poll", "--priority", "1")  # no --paused: the state stays
     s = await queue.get_schedule("poll")
     assert s.state == "paused" and s.definition.priority == 1
+
+    # A schedule from code: changed, with a note that a starting worker puts the code's back.
+    await put_schedule(queue.store, "coded", {"every": 60, "task_type": "t"}, source="code")
+    run = cli.ok("schedule", "update", "coded", "--priority", "2")
+    assert "is declared in code" in run.err and run.out.startswith("Updated schedule coded.")
+    assert (await queue.get_schedule("coded")).definition.priority == 2
 
     run = cli.fails(1, "schedule", "update", "nope", "--priority", "1")
     assert run.err.strip() == "dtq: error: schedule 'nope' not found"
