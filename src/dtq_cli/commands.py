@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from dtq.client import connect
 from dtq.config import Settings
-from dtq_cli import admin_cmd, run_cmd, tasks_cmd
+from dtq_cli import admin_cmd, run_cmd, schedule_cmd, tasks_cmd
 from dtq_cli.context import Ctx
 from dtq_cli.output import Output
 from dtq_tasks import load_task_types
@@ -33,9 +33,19 @@ REDIS_COMMANDS: dict[str, RedisCommand] = {
     "queue.pause": admin_cmd.pause,
     "queue.resume": admin_cmd.resume,
     "queue.stats": admin_cmd.stats,
+    "schedule.add": schedule_cmd.add,
+    "schedule.update": schedule_cmd.update,
+    "schedule.list": schedule_cmd.list_schedules,
+    "schedule.show": schedule_cmd.show,
+    "schedule.pause": schedule_cmd.pause,
+    "schedule.resume": schedule_cmd.resume,
+    "schedule.remove": schedule_cmd.remove,
+    "schedule.trigger": schedule_cmd.trigger,
+    "schedule.next": schedule_cmd.next_times,
 }
-# Commands that submit: they check task types against DTQ_TASK_MODULES, as the API does.
-SUBMIT_COMMANDS = frozenset({"submit"})
+# Commands that submit, or store a template that will: they check task types against
+# DTQ_TASK_MODULES, as the API does.
+SUBMIT_COMMANDS = frozenset({"submit", "schedule.add", "schedule.update"})
 PROCESS_COMMANDS: dict[str, ProcessCommand] = {
     "worker.run": run_cmd.worker_run,
     "api": run_cmd.api,

@@ -29,6 +29,7 @@ __all__ = [
     "port",
     "positive_int",
     "queue_name",
+    "schedule_name",
     "status_name",
     "task_id",
     "ttl",
@@ -119,6 +120,17 @@ def queue_name(text: str) -> str:
 
     try:
         return check_queue_name(text)
+    except InvalidTaskError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def schedule_name(text: str) -> str:
+    """The core's schedule-name rule (the queue-name one), with its message."""
+    from dtq.errors import InvalidTaskError
+    from dtq.schedules import check_schedule_name
+
+    try:
+        return check_schedule_name(text)
     except InvalidTaskError as exc:
         raise argparse.ArgumentTypeError(exc.message) from None
 

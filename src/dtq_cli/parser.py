@@ -7,13 +7,11 @@ Each subcommand sets ``cmd`` (a dotted name the CLI dispatches on); nothing here
 from __future__ import annotations
 
 import argparse
-from textwrap import dedent
 
-from dtq_cli import inputs
+from dtq_cli import inputs, schedule_args
+from dtq_cli.flags import FMT, json_flag, sub, task_id_flag, template_flags, yes_flag
 
 __all__ = ["build_parser"]
-
-_FMT = argparse.RawDescriptionHelpFormatter
 
 MAIN_EPILOG = """\
 examples:
@@ -24,6 +22,8 @@ examples:
   dtq cancel 3f2a9c0d5e6f47a8b9c0d1e2f3a4b5c6
   dtq dlq list
   dtq queue stats --json
+  dtq schedule add nightly --cron '0 3 * * *' --tz Europe/Paris --task-type cleanup
+  dtq schedule list
   dtq worker run --queue default --concurrency 8
   dtq dev
 
@@ -42,47 +42,13 @@ Full reference: docs/cli.md
 """
 
 
-def _sub(
-    subs: argparse._SubParsersAction[argparse.ArgumentParser],
-    name: str,
-    summary: str,
-    example: str,
-    description: str = "",
-) -> argparse.ArgumentParser:
-    desc = summary + (".\n\n" + dedent(description).strip() if description else ".")
-    return subs.add_parser(
-        name,
-        help=summary,
-        description=desc,
-        epilog="example:\n" + dedent(example).rstrip(),
-        formatter_class=_FMT,
-    )
-
-
-def _json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
-
-
-def _task_id(p: argparse.ArgumentParser) -> None:
-    p.add_argument("task_id", type=inputs.task_id, help="the task id (32 hex characters)")
-
-
-def _yes(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--yes",
-        action="store_true",
-        help="do it without asking; without --yes you are asked to confirm on a terminal, "
-        "and refused when stdin is not a terminal",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dtq",
         description="dtq: a distributed task queue on Redis Streams. "
         "This command talks to Redis directly (DTQ_REDIS_URL).",
         epilog=MAIN_EPILOG,
-        formatter_class=_FMT,
+        formatter_class=FMT,
     )
     parser.add_argument("--version", action="version", version="%(prog)s 0.1.0")
     parser.add_argument(
@@ -92,12 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     _task_commands(subs)
     _dlq_commands(subs)
     _queue_commands(subs)
+    schedule_args.add_commands(subs)
     _process_commands(subs)
     return parser
 
 
 def _task_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = _sub(
+    p = sub(
         subs,
         "submit",
         "Submit a task",
@@ -115,22 +82,8 @@ def _task_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.set_defaults(cmd="submit")
     p.add_argument("--type", dest="task_type", required=True, help="registered task type")
-    p.add_argument(
-        "--payload",
-        type=inputs.json_object,
-        default={},
-        metavar="JSON",
-        help="the payload, a JSON object: inline, @file to read a file, - to read stdin "
-        "(default {})",
-    )
-    p.add_argument("--queue", type=inputs.queue_name, default="default", help="default: default")
+    template_flags(p, defaults=True)
     p.add_argument("--idempotency-key", metavar="KEY", help="one logical task per (queue, key)")
-    p.add_argument("--max-attempts", type=inputs.positive_int, default=5, metavar="N")
-    p.add_argument("--priority", type=int, default=5, metavar="P", help="0..9, 9 first (default 5)")
-    p.add_argument("--timeout-ms", type=inputs.positive_int, metavar="MS")
-    p.add_argument(
-        "--metadata", type=inputs.json_object, metavar="JSON", help="a JSON object (max 4 KB)"
-    )
     start = p.add_mutually_exclusive_group()
     start.add_argument(
         "--delay-seconds", type=inputs.nonneg_float, default=0, metavar="S", help="run after S s"
@@ -151,16 +104,16 @@ def _task_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="TIME",
         help="expire if not started by TIME, ISO 8601 with an offset: 2026-01-28T17:00:00Z",
     )
-    _json(p)
+    json_flag(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print only the task id")
 
-    p = _sub(subs, "get", "Show a task in full, with its execution metadata and result",
+    p = sub(subs, "get", "Show a task in full, with its execution metadata and result",
              "  dtq get 3f2a9c0d5e6f47a8b9c0d1e2f3a4b5c6 --json")  # fmt: skip
     p.set_defaults(cmd="get")
-    _task_id(p)
-    _json(p)
+    task_id_flag(p)
+    json_flag(p)
 
-    p = _sub(
+    p = sub(
         subs,
         "status",
         "Show a task's state, attempts and deadlines, with times relative to now",
@@ -168,10 +121,10 @@ def _task_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "  # ...  expires_at: 2026-01-28T17:00:00Z (in 2h 30m)",
     )
     p.set_defaults(cmd="status")
-    _task_id(p)
-    _json(p)
+    task_id_flag(p)
+    json_flag(p)
 
-    p = _sub(
+    p = sub(
         subs,
         "list",
         "List recent tasks, newest first",
@@ -185,9 +138,9 @@ def _task_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--status", type=inputs.status_name, help="pending, queued, ..., expired")
     p.add_argument("--type", dest="task_type", help="task type")
     p.add_argument("--limit", type=inputs.positive_int, default=50, metavar="N", help="default 50")
-    _json(p)
+    json_flag(p)
 
-    p = _sub(
+    p = sub(
         subs,
         "history",
         "Print every state change of a task, oldest first, one line per version",
@@ -196,10 +149,10 @@ def _task_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "  # Version 2: expired (ttl, expired_at: 2026-01-28T17:00:05Z) at ...",
     )
     p.set_defaults(cmd="history")
-    _task_id(p)
-    _json(p)
+    task_id_flag(p)
+    json_flag(p)
 
-    p = _sub(
+    p = sub(
         subs,
         "cancel",
         "Cancel a task",
@@ -211,10 +164,10 @@ def _task_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         """,
     )
     p.set_defaults(cmd="cancel")
-    _task_id(p)
-    _json(p)
+    task_id_flag(p)
+    json_flag(p)
 
-    p = _sub(
+    p = sub(
         subs,
         "expire",
         "Mark a task that has not started (pending, queued, retrying) expired now",
@@ -222,19 +175,19 @@ def _task_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "Any other status is refused (exit 1) with the status named. Audited.",
     )
     p.set_defaults(cmd="expire")
-    _task_id(p)
-    _json(p)
+    task_id_flag(p)
+    json_flag(p)
 
 
 def _dlq_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = _sub(subs, "dlq", "Dead-letter queue", "  dtq dlq list --limit 20")
+    p = sub(subs, "dlq", "Dead-letter queue", "  dtq dlq list --limit 20")
     dlq = p.add_subparsers(dest="dlq_command", metavar="<dlq command>", required=True)
-    p = _sub(dlq, "list", "List dead-lettered tasks, newest first", "  dtq dlq list --json")
+    p = sub(dlq, "list", "List dead-lettered tasks, newest first", "  dtq dlq list --json")
     p.set_defaults(cmd="dlq.list")
     p.add_argument("--limit", type=inputs.positive_int, default=50, metavar="N", help="default 50")
-    _json(p)
+    json_flag(p)
 
-    p = _sub(
+    p = sub(
         subs,
         "retry-dlq",
         "Requeue a dead-lettered task: attempt back to 0, earlier attempts kept in "
@@ -243,10 +196,10 @@ def _dlq_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "Audited as cli:<user>@<host>.",
     )
     p.set_defaults(cmd="dlq.retry")
-    _task_id(p)
-    _json(p)
+    task_id_flag(p)
+    json_flag(p)
 
-    p = _sub(
+    p = sub(
         subs,
         "discard-dlq",
         "Remove a task from the dead-letter queue (its record stays, marked discarded)",
@@ -254,10 +207,10 @@ def _dlq_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "Audited as cli:<user>@<host>.",
     )
     p.set_defaults(cmd="dlq.discard")
-    _task_id(p)
-    _json(p)
+    task_id_flag(p)
+    json_flag(p)
 
-    p = _sub(
+    p = sub(
         subs,
         "purge-dlq",
         "Delete every entry of the dead-letter queue",
@@ -265,10 +218,10 @@ def _dlq_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "Task records stay. Asks you to type 'dead-letter' unless --yes. Audited.",
     )
     p.set_defaults(cmd="dlq.purge")
-    _yes(p)
-    _json(p)
+    yes_flag(p)
+    json_flag(p)
 
-    p = _sub(
+    p = sub(
         subs,
         "purge",
         "Cancel every task of a queue that has not started (waiting and delayed)",
@@ -280,12 +233,12 @@ def _dlq_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     p.set_defaults(cmd="purge")
     p.add_argument("--queue", type=inputs.queue_name, required=True)
-    _yes(p)
-    _json(p)
+    yes_flag(p)
+    json_flag(p)
 
 
 def _queue_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = _sub(
+    p = sub(
         subs,
         "queue",
         "Pause or resume a queue, or show queue statistics",
@@ -293,7 +246,7 @@ def _queue_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     qs = p.add_subparsers(dest="queue_command", metavar="<queue command>", required=True)
     for action, text in (("pause", "Stop workers taking tasks from"), ("resume", "Resume")):
-        p = _sub(
+        p = sub(
             qs,
             action,
             f"{text} a queue (tasks can still be submitted)",
@@ -302,8 +255,8 @@ def _queue_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) -
         )
         p.set_defaults(cmd=f"queue.{action}")
         p.add_argument("queue", type=inputs.queue_name)
-        _json(p)
-    p = _sub(
+        json_flag(p)
+    p = sub(
         qs,
         "stats",
         "Depth, in-flight, delayed and paused state of one queue or of all",
@@ -311,13 +264,13 @@ def _queue_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     p.set_defaults(cmd="queue.stats")
     p.add_argument("queue", type=inputs.queue_name, nargs="?")
-    _json(p)
+    json_flag(p)
 
 
 def _process_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = _sub(subs, "worker", "Run workers", "  dtq worker run --concurrency 8")
+    p = sub(subs, "worker", "Run workers", "  dtq worker run --concurrency 8")
     ws = p.add_subparsers(dest="worker_command", metavar="<worker command>", required=True)
-    p = _sub(
+    p = sub(
         ws,
         "run",
         "Run a worker until SIGTERM or Ctrl-C (then it drains in-flight tasks)",
@@ -341,7 +294,7 @@ def _process_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--processes", type=inputs.positive_int, default=1, metavar="N",
                    help="worker processes (default 1)")  # fmt: skip
 
-    p = _sub(
+    p = sub(
         subs,
         "api",
         "Run the HTTP API (uvicorn) until Ctrl-C",
@@ -351,7 +304,7 @@ def _process_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--host", help="default DTQ_API_HOST (0.0.0.0)")
     p.add_argument("--port", type=inputs.port, help="default DTQ_API_PORT (8000)")
 
-    p = _sub(
+    p = sub(
         subs,
         "dev",
         "Run a local stack: a private Redis (data in .dtq/), the API and one worker with the "
