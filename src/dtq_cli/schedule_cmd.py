@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from dtq.errors import DtqError, ScheduleNotFoundError
+from dtq.errors import ScheduleExistsError
 from dtq.models import compact_json as compact
 from dtq.schedules import Schedule, ScheduleDef
 from dtq.ticks import format_every
@@ -22,7 +22,6 @@ from dtq_cli.output import fmt_dt, human_duration, json_dt, relative
 from dtq_cli.schedule_args import DEFINITION_FIELDS, SPEC_FLAGS
 
 __all__ = [
-    "ScheduleExistsError",
     "add",
     "history_line",
     "list_schedules",
@@ -43,12 +42,6 @@ SHOW_FIRINGS = 5  # latest firings ``show`` prints
 HISTORY_FIRST = {"tick": 0, "task_id": 1, "count": 2, "first": 3, "last": 4}
 # ScheduleDef requires a task type; the fire times of a bare spec do not depend on one.
 PREVIEW_TASK_TYPE = "preview"
-
-
-class ScheduleExistsError(DtqError):
-    """``add`` of a name that is taken: nothing changed (exit 1)."""
-
-    code = "SCHEDULE_EXISTS"
 
 
 def _given(ctx: Ctx) -> dict[str, Any]:
@@ -101,15 +94,12 @@ def _summary(ctx: Ctx, s: Schedule, now: datetime) -> None:
 async def add(ctx: Ctx) -> int:
     name = ctx.args.name
     try:
-        await ctx.q.get_schedule(name, history=0)
-    except ScheduleNotFoundError:
-        pass
-    else:
+        s, outcome = await ctx.q.put_schedule(name, _given(ctx), audit=ctx.audit(), only="create")
+    except ScheduleExistsError:
         raise ScheduleExistsError(
             f"schedule {name!r} exists; change it with: dtq schedule update {name} ...",
             schedule=name,
-        )
-    s, outcome = await ctx.q.put_schedule(name, _given(ctx), audit=ctx.audit())
+        ) from None
     return await _put_done(ctx, s, outcome)
 
 
@@ -124,7 +114,7 @@ async def update(ctx: Ctx) -> int:
     if "every" in given:  # and an interval a cron expression (its zone too)
         fields.update(cron=None, tz="UTC")
     fields.update(given)
-    s, outcome = await ctx.q.put_schedule(name, fields, audit=ctx.audit())
+    s, outcome = await ctx.q.put_schedule(name, fields, audit=ctx.audit(), only="update")
     if stored.origin == "code" and outcome == "updated":
         ctx.out.note(
             f"note: schedule {name} is declared in code: the next worker that starts with that "
