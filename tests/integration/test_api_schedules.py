@@ -43,6 +43,7 @@ def ms(iso: str) -> int:
 async def put(api: Api, name: str, status: int, **body: Any) -> dict[str, Any]:
     resp = await api.client.put(f"/api/v1/schedules/{name}", json=body)
     assert resp.status_code == status, resp.text
+    assert resp.headers["location"] == f"/api/v1/schedules/{name}"
     data: dict[str, Any] = resp.json()
     return data
 
@@ -191,6 +192,10 @@ async def test_pause_resume_trigger_and_delete(api: Api, r: Redis) -> None:
     assert other.status_code == 201 and other.json()["task_id"] != keyed.json()["task_id"]
     too_long = await api.client.post("/api/v1/schedules/nightly/trigger", params={"key": "k" * 161})
     assert too_long.status_code == 400 and error_of(too_long)["code"] == "INVALID_TASK"
+
+    metrics = (await api.client.get("/metrics")).text
+    submitted = 'dtq_tasks_submitted_total{queue="default",task_type="api_echo"} 3.0'
+    assert submitted in metrics, "a trigger counts as a submit, a replay does not"
 
     shown = (await api.client.get("/api/v1/schedules/nightly")).json()
     assert shown["fired"] >= 3 and shown["last_task_id"] == other.json()["task_id"]
