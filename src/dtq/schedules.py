@@ -121,7 +121,7 @@ class ScheduleDef(BaseModel):
 
     @field_validator(
         "priority", "max_attempts", "timeout_ms", "ttl_seconds", "catchup_window_s", "grace_s",
-        mode="before",
+        "every", mode="before",
     )  # fmt: skip
     @classmethod
     def _not_bool(cls, value: Any) -> Any:

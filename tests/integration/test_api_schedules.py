@@ -108,6 +108,8 @@ async def test_put_creates_then_updates_and_get_shows_history_and_next_times(api
         ({**DAILY, "tz": "Mars/Olympus"}, "INVALID_SCHEDULE", "Mars/Olympus"),
         ({"every": "5x", "task_type": "api_echo"}, "INVALID_SCHEDULE", "5x"),
         ({"every": 0, "task_type": "api_echo"}, "INVALID_SCHEDULE", "every"),
+        ({"every": "\u0663", "task_type": "api_echo"}, "INVALID_SCHEDULE", "every"),
+        ({"every": True, "task_type": "api_echo"}, "INVALID_TASK", "every"),
         ({**DAILY, "every": "5m"}, "INVALID_SCHEDULE", "exactly one"),
         ({"task_type": "api_echo"}, "INVALID_SCHEDULE", "exactly one"),
         ({**DAILY, "bogus": 1}, "INVALID_TASK", "bogus"),
