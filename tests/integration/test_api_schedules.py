@@ -120,6 +120,12 @@ async def test_put_creates_then_updates_and_get_shows_history_and_next_times(api
         ({**DAILY, "catchup": "some"}, "INVALID_TASK", "catchup"),
         ({**DAILY, "metadata": {"schedule": "x"}}, "INVALID_TASK", "metadata.schedule"),
         ({**DAILY, "start_at": "2030-01-01T00:00:00"}, "INVALID_TASK", "timezone"),
+        ({**DAILY, "end_at": "9999-12-31T23:59:59-14:00"}, "INVALID_TASK", "end_at"),
+        (
+            {"every": 60, "anchor": "0001-01-01T00:00:00+14:00", "task_type": "api_echo"},
+            "INVALID_TASK",
+            "anchor",
+        ),
     ],
 )
 async def test_put_bad_definitions_are_400(
