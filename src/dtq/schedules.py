@@ -110,8 +110,14 @@ class ScheduleDef(BaseModel):
     @field_validator("anchor", "start_at", "end_at")
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.utcoffset() is None:
+        if value is None:
+            return None
+        if value.utcoffset() is None:
             raise ValueError("must be timezone-aware (an ISO 8601 time with an offset, e.g. Z)")
+        try:  # 9999-12-31T23:59:59-14:00 is in year 10000 in UTC, which no datetime holds
+            value.astimezone(UTC)
+        except (OverflowError, ValueError):
+            raise ValueError("is out of range once in UTC (years 1 to 9999)") from None
         return value
 
     @field_validator("anchor", "start_at", "end_at", mode="before")
@@ -123,7 +129,7 @@ class ScheduleDef(BaseModel):
 
     @field_validator(
         "priority", "max_attempts", "timeout_ms", "ttl_seconds", "catchup_window_s", "grace_s",
-        mode="before",
+        "every", mode="before",
     )  # fmt: skip
     @classmethod
     def _not_bool(cls, value: Any) -> Any:

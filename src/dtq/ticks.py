@@ -90,7 +90,7 @@ _EVERY_ALLOWED = (
     "a whole number of seconds (90) or units d h m s in that order (45s, 5m, 1h30m, 2d), "
     f"from 1 s to {MAX_EVERY_S // 86_400} days"
 )
-_EVERY_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+_EVERY_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", re.ASCII)
 _UNITS_S = (86_400, 3_600, 60, 1)
 
 
@@ -199,7 +199,7 @@ def parse_every(text: str | int | float) -> int:
     elif isinstance(text, str):
         raw = text.strip().lower()
         match = _EVERY_RE.fullmatch(raw)
-        if raw.isdigit():
+        if raw.isascii() and raw.isdigit():  # str.isdigit alone takes any script's digits
             seconds = int(raw)
         elif raw and match is not None:
             counts = zip(match.groups(), _UNITS_S, strict=True)

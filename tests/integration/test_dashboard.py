@@ -320,6 +320,73 @@ async def test_queue_and_dead_letter_actions(
     assert await ui.not_reloaded()
 
 
+# -- schedules ------------------------------------------------------------------------------------
+
+
+async def test_schedules_page_lists_pauses_and_triggers(
+    ui: Watched, server: ApiServer, queue: Queue, r: Redis
+) -> None:
+    await queue.put_schedule(
+        "dash-nightly", cron="0 7 * * *", tz="Europe/Paris", task_type="api_echo", payload={"n": 1}
+    )
+    await queue.put_schedule("dash-hourly", every="1h", task_type="api_echo", queue="dash-h")
+    await open_dashboard(ui, server, "#/schedules")
+    row = ui.page.locator('[data-testid="schedules"] tr[data-schedule="dash-nightly"]')
+    await expect(row.locator('[data-col="spec"]')).to_have_text("0 7 * * * (Europe/Paris)")
+    await expect(row.locator('[data-col="target"]')).to_have_text("default / api_echo")
+    await expect(row.locator('[data-col="state"]')).to_have_text("active")
+    await expect(row.locator('[data-col="next"]')).to_contain_text(re.compile(r"· in \d+"))
+    await expect(row.locator('[data-col="fired"]')).to_have_text("0")
+    hourly = ui.page.locator('[data-testid="schedules"] tr[data-schedule="dash-hourly"]')
+    await expect(hourly.locator('[data-col="spec"]')).to_have_text("every 1 h")
+
+    # Pause, with the API key entered once in the confirmation.
+    toggle = ui.page.get_by_test_id("schedule-toggle-dash-nightly")
+    await expect(toggle).to_have_text("Pause")
+    await toggle.click()
+    dialog = ui.page.locator("dialog#confirm")
+    await expect(dialog).to_contain_text("Pause schedule dash-nightly?")
+    await dialog.locator("#confirm-key-input").fill(API_KEY)
+    await dialog.locator("#confirm-ok").click()
+    await expect(row.locator('[data-col="state"]')).to_have_text("paused", timeout=SECONDS)
+    await expect(toggle).to_have_text("Resume")
+    assert await r.hget(keys.schedule("dash-nightly", "default"), "paused") == "1"
+
+    # Trigger: a task of the template now, even while paused; the row links to it.
+    await ui.page.get_by_test_id("schedule-trigger-dash-nightly").click()
+    await dialog.locator("#confirm-ok").click()
+    await expect(ui.page.locator(".toast-ok")).to_contain_text(["triggered: task"])
+    await expect(row.locator('[data-col="fired"]')).to_have_text("1", timeout=SECONDS)
+    task_id = await r.hget(keys.schedule("dash-nightly", "default"), "last_task_id")
+    assert task_id
+    task = await queue.get(task_id)
+    assert task.metadata["schedule"] == "dash-nightly" and task.metadata["trigger"] == "manual"
+    await expect(row.locator('[data-col="task"] a')).to_have_text(task_id[:8])
+
+    # Live: a resume made elsewhere shows without reload, from its CONFIGURATION_CHANGED
+    # event: well before the view's 30-second safety poll.
+    await queue.resume_schedule("dash-nightly")
+    await expect(row.locator('[data-col="state"]')).to_have_text("active", timeout=5_000)
+
+    # The schedule's page: its history, next fire times, and the same actions.
+    await row.locator("td").first.locator("a").click()
+    await expect(ui.page.get_by_test_id("schedule-state")).to_have_text("active")
+    history = ui.page.get_by_test_id("schedule-history")
+    for decision in ("created", "paused", "triggered", "resumed"):
+        await expect(history.locator(f'tr[data-decision="{decision}"]')).to_have_count(1)
+    await expect(history.locator('tr[data-decision="triggered"] a')).to_have_text(task_id[:8])
+    await expect(ui.page.get_by_test_id("schedule-next").locator("li")).to_have_count(10)
+    await ui.page.get_by_test_id("schedule-toggle").click()
+    await dialog.locator("#confirm-ok").click()
+    await expect(ui.page.get_by_test_id("schedule-state")).to_have_text("paused", timeout=SECONDS)
+    assert await r.hget(keys.schedule("dash-nightly", "default"), "paused") == "1"
+    posts = [q for q in ui.requests if q.method == "POST"]
+    assert len(posts) == 3
+    for post in posts:
+        assert (await post.all_headers()).get("x-api-key") == API_KEY, post.url
+    assert await ui.not_reloaded()
+
+
 # -- safety ---------------------------------------------------------------------------------------
 
 XSS_PAYLOAD = {

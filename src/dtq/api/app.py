@@ -21,7 +21,7 @@ from fastapi import FastAPI, WebSocket
 from fastapi.openapi.utils import get_openapi
 
 from dtq import __version__, client
-from dtq.api import dashboard, routes_admin, routes_ops, routes_tasks
+from dtq.api import dashboard, routes_admin, routes_ops, routes_schedules, routes_tasks
 from dtq.api.deps import ApiState
 from dtq.api.errors import install_error_handlers, route_methods
 from dtq.api.limits import BodyLimitMiddleware, RequestIdMiddleware, max_body_bytes
@@ -93,7 +93,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.dtq = state
     install_error_handlers(app)
-    routers = (routes_tasks.router, routes_admin.router, routes_ops.router, dashboard.router)
+    routers = (
+        routes_tasks.router,
+        routes_admin.router,
+        routes_schedules.router,
+        routes_ops.router,
+        dashboard.router,
+    )
     for router in routers:
         app.include_router(router)
     app.state.route_methods = route_methods(r for router in routers for r in router.routes)

@@ -1,9 +1,10 @@
 """API-key auth for destructive operations and the audit identity (contract section 13).
 
-With ``DTQ_API_KEY`` set, cancel, expire, DLQ requeue/discard/purge and queue pause/resume/purge
-need ``X-API-Key`` equal to it (compared in constant time): 401 UNAUTHORIZED when missing,
-403 FORBIDDEN when wrong. Reads and submit stay open. Unset means local development: everything
-is open, and the app logs a warning at start.
+With ``DTQ_API_KEY`` set, cancel, expire, DLQ requeue/discard/purge, queue pause/resume/purge
+and every change of a schedule (put, pause, resume, trigger, delete) need ``X-API-Key`` equal
+to it (compared in constant time): 401 UNAUTHORIZED when missing, 403 FORBIDDEN when wrong.
+Reads and submit stay open. Unset means local development: everything is open, and the app
+logs a warning at start.
 
 The audit actor is ``api:<key id>`` where the key id is a short SHA-256 fingerprint of the key
 (never the key itself), or ``api:anonymous`` when auth is off.

@@ -8,6 +8,7 @@ generates (32 hex digits) and a worker id is letters, digits, ``-`` and
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
@@ -41,6 +42,7 @@ __all__ = [
     "check_worker_id",
     "core_rule",
     "get_state",
+    "json_object",
 ]
 
 T = TypeVar("T")
@@ -126,3 +128,20 @@ Limit = Annotated[
     Query(json_schema_extra={"minimum": 1, "maximum": LIST_LIMIT_MAX}),
     core_rule(check_list_limit),
 ]
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or INVALID_TASK (never a 500 or a 422)."""
+
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        value = json.loads(raw, parse_constant=no_constants)
+    except RecursionError:
+        raise InvalidTaskError("request body: JSON nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidTaskError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidTaskError("request body must be a JSON object")
+    return value

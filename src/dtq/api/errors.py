@@ -54,6 +54,7 @@ _UNAVAILABLE_HEADERS = {"Retry-After": "1"}
 STATUS_BY_CODE: dict[str, int] = {
     "INVALID_TASK": 400,
     "UNKNOWN_TASK_TYPE": 400,
+    "INVALID_SCHEDULE": 400,
     "PAYLOAD_TOO_LARGE": 413,
     "QUEUE_FULL": 429,
     "IDEMPOTENCY_IN_PROGRESS": 409,
@@ -63,6 +64,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "TASK_TERMINAL": 410,
     "NOT_IN_DLQ": 404,
     "WORKER_NOT_FOUND": 404,
+    "SCHEDULE_NOT_FOUND": 404,
     "REDIS_UNAVAILABLE": 503,
     "REPLICATION_TIMEOUT": 503,
     "CONFIG_ERROR": 500,
@@ -253,7 +255,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 _DESCRIPTIONS = {
-    400: "Invalid input (INVALID_TASK, UNKNOWN_TASK_TYPE or INVALID_REQUEST)",
+    400: "Invalid input (INVALID_TASK, UNKNOWN_TASK_TYPE, INVALID_SCHEDULE or INVALID_REQUEST)",
     401: "X-API-Key missing (UNAUTHORIZED)",
     403: "X-API-Key wrong (FORBIDDEN)",
     404: "Not found",

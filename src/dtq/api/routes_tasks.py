@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
 from typing import Annotated, Any
 
@@ -11,11 +10,19 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from dtq.api.auth import RequireOperator
-from dtq.api.deps import ApiState, Limit, QueueFilter, State, StatusFilter, check_task_id
+from dtq.api.deps import (
+    ApiState,
+    Limit,
+    QueueFilter,
+    State,
+    StatusFilter,
+    check_task_id,
+    json_object,
+)
 from dtq.api.errors import responses
 from dtq.client import Change
 from dtq.config import Settings
-from dtq.errors import DtqError, InvalidTaskError, ReplicationTimeoutError, TaskRunningError
+from dtq.errors import DtqError, ReplicationTimeoutError, TaskRunningError
 from dtq.models import (
     IDEMPOTENCY_KEY_MAX,
     MAX_DELAY_S,
@@ -133,23 +140,6 @@ _SUBMIT_OPENAPI: dict[str, Any] = {
 }
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or INVALID_TASK (never a 500 or a 422)."""
-
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not valid JSON")
-
-    try:
-        value = json.loads(raw, parse_constant=no_constants)
-    except RecursionError:
-        raise InvalidTaskError("request body: JSON nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidTaskError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise InvalidTaskError("request body must be a JSON object")
-    return value
-
-
 @router.post(
     "/tasks",
     status_code=202,
@@ -175,7 +165,7 @@ async def submit_task(
 ) -> JSONResponse:
     queue: str | None = None  # for the rejection metric, once the body is read
     try:
-        fields = _json_object(await request.body())
+        fields = json_object(await request.body())
         given = fields.get("queue", "default")
         queue = given if isinstance(given, str) else None
         if idempotency_key is not None:

@@ -94,6 +94,11 @@ export const api = {
   requeue: (id) => request("POST", `dlq/${encodeURIComponent(id)}/requeue`, { destructive: true }),
   discard: (id) => request("POST", `dlq/${encodeURIComponent(id)}/discard`, { destructive: true }),
   purgeDlq: () => request("POST", "dlq/purge", { destructive: true }),
+  schedules: (limit = 500) => request("GET", "schedules", { params: { limit } }),
+  schedule: (name, next = 10) => request("GET", `schedules/${encodeURIComponent(name)}`, { params: { next } }),
+  pauseSchedule: (name) => request("POST", `schedules/${encodeURIComponent(name)}/pause`, { destructive: true }),
+  resumeSchedule: (name) => request("POST", `schedules/${encodeURIComponent(name)}/resume`, { destructive: true }),
+  triggerSchedule: (name) => request("POST", `schedules/${encodeURIComponent(name)}/trigger`, { destructive: true }),
 };
 
 /** The WebSocket URL of the event stream (DTQ_WS_PATH), relative to the page like the API. */

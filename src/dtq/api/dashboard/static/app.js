@@ -7,6 +7,7 @@ import { deadLettersView } from "./dlq.js";
 import { fill, h } from "./dom.js";
 import { LiveEvents } from "./live.js";
 import { overviewView } from "./overview.js";
+import { scheduleListView, scheduleView } from "./schedules.js";
 import { taskListView, taskView } from "./tasks.js";
 import { installKeyButton, settings, updateKeyButton } from "./ui.js";
 
@@ -30,6 +31,8 @@ function route() {
   if (parts[0] === "tasks") return { name: "tasks", params };
   if (parts[0] === "task" && parts[1]) return { name: "task", id: parts[1] };
   if (parts[0] === "dlq") return { name: "dlq" };
+  if (parts[0] === "schedules") return { name: "schedules" };
+  if (parts[0] === "schedule" && parts[1]) return { name: "schedule", id: parts[1] };
   return { name: "overview" };
 }
 
@@ -39,7 +42,8 @@ function show() {
   const root = document.getElementById("view");
   fill(root);
   for (const a of document.querySelectorAll(".nav a")) {
-    const active = a.dataset.view === where.name || (where.name === "task" && a.dataset.view === "tasks");
+    const active = a.dataset.view === where.name || (where.name === "task" && a.dataset.view === "tasks")
+      || (where.name === "schedule" && a.dataset.view === "schedules");
     a.classList.toggle("active", active);
     if (active) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
@@ -47,8 +51,11 @@ function show() {
   if (where.name === "tasks") current = taskListView(root, shared, where.params);
   else if (where.name === "task") current = taskView(root, shared, where.id);
   else if (where.name === "dlq") current = deadLettersView(root, shared);
+  else if (where.name === "schedules") current = scheduleListView(root, shared);
+  else if (where.name === "schedule") current = scheduleView(root, shared, where.id);
   else current = overviewView(root, shared);
-  document.title = `dtq · ${where.name === "task" ? "task " + where.id.slice(0, 8) : where.name}`;
+  const titles = { task: () => "task " + where.id.slice(0, 8), schedule: () => "schedule " + where.id };
+  document.title = `dtq · ${titles[where.name] ? titles[where.name]() : where.name}`;
 }
 
 function setLive(state, text) {

@@ -108,7 +108,7 @@ export function installKeyButton() {
       toast("API key forgotten in this tab.");
     } else if (await confirmDialog({
       title: "API key",
-      body: h("p", {}, "Destructive actions (cancel, pause, resume, dead-letter actions) send this key as X-API-Key."),
+      body: h("p", {}, "Destructive actions (cancel, pause, resume, dead-letter actions, schedule pause, resume and trigger) send this key as X-API-Key."),
       confirmLabel: "Keep for this tab",
     })) {
       toast("API key kept for this tab.", "ok");
