@@ -1,0 +1,308 @@
+"""Periodic schedules against a real Redis (docs/schedules.md): the guarantees a user trusts.
+
+Catch-up after a downtime by each policy, the overlap policies with a handler slower than the
+interval, a second firer and a replayed call never making a second task, schedules declared in
+code across restarts, what a handler sees, events and metrics, pause / start / end, and the
+cluster layout. Most tests drive the firer (:class:`dtq.worker.firer.Firer`) by hand, pass by
+pass, so what is due is decided by the test; the ones that need handlers run one in-process
+worker. Three worker processes and a stopped leader are in ``test_schedule_workers.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from dtq import Queue, keys
+from dtq.admin.schedules import fire_due, plan_firing
+from dtq.calls import fire
+from dtq.clock import redis_time_ms
+from dtq.models import LIST_LIMIT_MAX, Task, format_ts, parse_ts
+from dtq.schedules import BUFFER_POLL_MS, CATCHUP_CAP, HISTORY_CAP, ScheduleDef
+from dtq.worker.firer import Firer
+from support import Events, wait_until
+
+MINUTE_MS = 60_000
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+async def fired_tasks(queue: Queue, task_type: str) -> list[Task]:
+    """Every task of ``task_type``, oldest tick first."""
+    tasks = await queue.list(task_type=task_type, limit=LIST_LIMIT_MAX)
+    return sorted(tasks, key=lambda t: t.metadata["scheduled_for"])
+
+
+def ticks_ms(tasks: Sequence[Task]) -> list[int]:
+    """The ticks (epoch ms) the tasks were fired for, from their metadata."""
+    return [round(parse_ts(t.metadata["scheduled_for"]).timestamp() * 1000) for t in tasks]
+
+
+async def rewind(r: Redis, name: str, queue: str, cursor_ms: int) -> None:
+    """Leave schedule ``name`` as a firer that stopped deciding at ``cursor_ms`` left it.
+
+    A firer only ever writes the cursor in fire.lua, together with the index score and a new
+    rev; while no firer runs (every worker down), nothing writes the hash at all. So a downtime
+    that began at ``cursor_ms`` leaves exactly this: cursor = the first tick not decided,
+    index score = that tick, and a rev no planned call holds. The Redis clock meanwhile goes
+    on, which is what makes the ticks since then due: moving the cursor back by the downtime
+    is the same state as waiting it out."""
+    h = keys.schedule(name, queue)
+    pipe = r.pipeline(transaction=False)
+    pipe.hset(h, "cursor", cursor_ms)
+    pipe.zadd(keys.schedules(queue), {name: cursor_ms})
+    pipe.hincrby(h, "rev", 1)
+    await pipe.execute()
+
+
+async def fire_until_idle(queue: Queue, name: str, passes: int = 20) -> None:
+    """Firer passes (as the leader) until schedule ``name`` has nothing due at the Redis time."""
+    firer = Firer(queue.store, lambda: True)
+    for _ in range(passes):
+        await firer.step()
+        s = await queue.get_schedule(name, history=0)
+        now = await redis_time_ms(queue.redis)
+        if s.next_fire_at is None or s.next_fire_at.timestamp() * 1000 > now:
+            return
+    raise AssertionError(f"schedule {name} still due after {passes} passes")
+
+
+async def minute_clear_of(r: Redis, margin_ms: int) -> int:
+    """The Redis time once it is at least ``margin_ms`` from a minute boundary (either side), so
+    that which minute ticks are late (within grace) and which are missed is certain."""
+    found = 0
+
+    async def clear() -> bool:
+        nonlocal found
+        found = await redis_time_ms(r)
+        return margin_ms <= found % MINUTE_MS <= MINUTE_MS - margin_ms
+
+    await wait_until(clear, 2 * margin_ms / 1000 + 1, "a time clear of a minute boundary")
+    return found
+
+
+def missed_entries(history: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in history if e["decision"] == "missed"]
+
+
+# -- catch-up after a downtime ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["skip", "latest", "all"])
+async def test_cron_catchup_after_ten_minutes_down(queue: Queue, r: Redis, policy: str) -> None:
+    """Every minute, down for 10 minutes: 10 ticks due at once, none within grace (2 s)."""
+    await queue.put_schedule(
+        "minutely",
+        cron="* * * * *",
+        task_type="report",
+        catchup=policy,
+        grace_s=2,
+        overlap="allow",  # no worker runs: each fired tick's task stays queued
+    )
+    now = await minute_clear_of(r, 3_000)
+    latest = now - now % MINUTE_MS
+    down_from = latest - 9 * MINUTE_MS
+    await rewind(r, "minutely", "", down_from)
+    await fire_until_idle(queue, "minutely")
+
+    due = [down_from + i * MINUTE_MS for i in range(10)]
+    expected = {"skip": [], "latest": [latest], "all": due}[policy]
+    tasks = await fired_tasks(queue, "report")
+    assert ticks_ms(tasks) == expected
+    s = await queue.get_schedule("minutely")
+    assert s.fired == len(expected)
+    assert s.missed == 10 - len(expected)
+    assert s.next_fire_at is not None
+    assert s.next_fire_at.timestamp() * 1000 == latest + MINUTE_MS
+    missed = missed_entries(s.history)
+    if policy == "all":
+        assert missed == []
+    else:
+        assert len(missed) == 1
+        assert missed[0]["count"] == 10 - len(expected)
+        assert missed[0]["first"] == format_ts(down_from)
+        last = latest if policy == "skip" else latest - MINUTE_MS
+        assert missed[0]["last"] == format_ts(last)
+    fired = [e for e in s.history if e["decision"] == "fired"]
+    assert sorted(e["task_id"] for e in fired) == sorted(t.task_id for t in tasks)
+
+
+async def test_catchup_all_keeps_to_its_window(queue: Queue, r: Redis) -> None:
+    """``all`` with a 5-minute window after 10 minutes down: the ticks of the last 5 minutes
+    fire, the older ones are counted missed."""
+    await queue.put_schedule(
+        "windowed",
+        cron="* * * * *",
+        task_type="report",
+        catchup="all",
+        catchup_window_s=300,
+        grace_s=2,
+        overlap="allow",
+    )
+    now = await minute_clear_of(r, 3_000)
+    latest = now - now % MINUTE_MS
+    await rewind(r, "windowed", "", latest - 9 * MINUTE_MS)
+    await fire_until_idle(queue, "windowed")
+
+    in_window = [
+        latest - k * MINUTE_MS for k in range(5) if latest - k * MINUTE_MS >= now - 300_000
+    ]
+    assert ticks_ms(await fired_tasks(queue, "report")) == sorted(in_window)
+    s = await queue.get_schedule("windowed")
+    (missed,) = missed_entries(s.history)
+    assert missed["count"] == 10 - len(in_window) == s.missed
+    assert missed["last"] == format_ts(min(in_window) - MINUTE_MS)
+
+
+async def test_catchup_all_is_capped(queue: Queue, r: Redis) -> None:
+    """An every-second cron down for 10 minutes: ``all`` fires the latest CATCHUP_CAP missed
+    ticks (over several calls: one call decides at most 32) and the ticks within grace, one
+    task each, and counts the older ones missed."""
+    await queue.put_schedule(
+        "secondly",
+        cron="* * * * * *",
+        task_type="report",
+        catchup="all",
+        grace_s=2,
+        overlap="allow",
+    )
+    now = await redis_time_ms(r)
+    down_from = now - now % 1000 - 600_000
+    await rewind(r, "secondly", "", down_from)
+    async with Events(r) as events:
+        await fire_until_idle(queue, "secondly", passes=40)
+
+    fired = ticks_ms(await fired_tasks(queue, "report"))
+    assert fired == list(range(fired[0], fired[-1] + 1, 1000)), "a gap or a duplicate"
+    assert fired[-1] >= now - now % 1000  # up to the tick due when the downtime ended
+    late = [t for t in fired if t >= now - 2_000]  # fired as late ticks, not catch-up ones
+    assert len(fired) - len(late) == CATCHUP_CAP
+    s = await queue.get_schedule("secondly")
+    assert s.fired == len(fired)
+    assert s.missed == (fired[0] - down_from) // 1000
+    # The history keeps its 100 latest decisions, all firings here: the event tells the miss.
+    (skipped,) = events.of("SCHEDULE_SKIPPED")
+    assert skipped.metadata == {
+        "schedule": "secondly",
+        "reason": "missed",
+        "count": s.missed,
+        "first": format_ts(down_from),
+        "last": format_ts(fired[0] - 1000),
+    }
+    assert len(s.history) == HISTORY_CAP
+
+
+async def test_catchup_all_with_short_ttl_expires_old_ticks_at_once(queue: Queue, r: Redis) -> None:
+    """ttl_seconds counts from each tick: the catch-up firings of ticks minutes old are
+    expired as they are enqueued (no worker would ever start them); the schedule still
+    counts them fired, one task per tick."""
+    await queue.put_schedule(
+        "stale-ok",
+        cron="* * * * *",
+        task_type="report",
+        catchup="all",
+        grace_s=2,
+        ttl_seconds=2,
+    )  # an expired task is terminal: the default overlap policy (skip) lets the next fire
+    now = await minute_clear_of(r, 3_000)
+    latest = now - now % MINUTE_MS
+    await rewind(r, "stale-ok", "", latest - 2 * MINUTE_MS)
+    await fire_until_idle(queue, "stale-ok")
+    tasks = await fired_tasks(queue, "report")
+    assert ticks_ms(tasks) == [latest - 2 * MINUTE_MS, latest - MINUTE_MS, latest]
+    for t, tick in zip(tasks, ticks_ms(tasks), strict=True):
+        assert t.status == "expired", t
+        assert t.expires_at is not None
+        assert t.expires_at.timestamp() * 1000 == tick + 2_000
+    assert (await queue.get_schedule("stale-ok")).fired == 3
+
+
+async def test_fresh_firing_has_deadline_from_its_tick(queue: Queue, r: Redis) -> None:
+    await queue.put_schedule("ttl", every=1, task_type="report", ttl_seconds=30)  # fmt: skip
+    await fire_until_due_and_fired(queue, "ttl", 1)
+    (t,) = await fired_tasks(queue, "report")
+    (tick,) = ticks_ms([t])
+    assert t.status == "queued"
+    assert t.expires_at is not None and t.expires_at.timestamp() * 1000 == tick + 30_000
+
+
+async def fire_until_due_and_fired(queue: Queue, name: str, n: int, timeout_s: float = 5) -> None:
+    """Firer passes (as the leader), as often as the firer itself would, until schedule
+    ``name`` has fired ``n`` ticks in all."""
+    firer = Firer(queue.store, lambda: True)
+
+    async def fired() -> bool:
+        await firer.step()
+        return (await queue.get_schedule(name, history=0)).fired >= n
+
+    await wait_until(fired, timeout_s, f"{name} fired {n}", every_s=0.05)
+
+
+# -- exactly once: racing firers, replays -------------------------------------------------------
+
+
+async def test_two_leaders_racing_never_make_a_second_task(queue: Queue, r: Redis) -> None:
+    """Two firers that both think they lead, passing at the same moments over an
+    every-second schedule with catch-up ticks due: each tick has one task."""
+    await queue.put_schedule(
+        "raced", every=1, task_type="report", catchup="all", grace_s=2, overlap="allow"
+    )
+    now = await redis_time_ms(r)
+    await rewind(r, "raced", "", now - now % 1000 - 20_000)  # 20 missed ticks to fight over
+    a, b = Firer(queue.store, lambda: True), Firer(queue.store, lambda: True)
+    end = now + 3_000
+    while await redis_time_ms(r) < end:
+        await asyncio.gather(a.step(), b.step())
+    fired = ticks_ms(await fired_tasks(queue, "report"))
+    assert fired == list(range(fired[0], fired[-1] + 1, 1000)), "a gap or a duplicate"
+    assert len(fired) >= 22
+    s = await queue.get_schedule("raced")
+    assert s.fired == len(fired)
+    assert len([e for e in s.history if e["decision"] == "fired"]) == len(fired)
+
+
+async def test_replayed_fire_call_is_stale_and_a_tick_again_is_a_duplicate(
+    queue: Queue, r: Redis
+) -> None:
+    """A firing planned from a rev is refused once the rev moved (a stalled leader's call that
+    arrives late); a tick submitted again whatever the cursor says is its first task."""
+    store = queue.store
+    await queue.put_schedule("replayed", every=1, task_type="report", overlap="allow")
+    await fire_until_due_and_fired(queue, "replayed", 1)
+    before = await fired_tasks(queue, "report")
+    (tick,) = ticks_ms(before)
+
+    # Plan the tick again, from the hash as it is now but with the cursor back on it.
+    h = await r.hgetall(keys.schedule("replayed", ""))
+    d = ScheduleDef.model_validate_json(h["definition"])
+    replanned = plan_firing("replayed", {**h, "cursor": str(tick)}, d, tick + 100, store)
+    assert [c.tick_ms for c in replanned.candidates] == [tick]
+
+    stale = dataclasses.replace(replanned, rev=str(int(h["rev"]) - 1))  # the rev before the firing
+    (reply,) = await fire(store, [stale], HISTORY_CAP, BUFFER_POLL_MS)
+    assert not isinstance(reply, Exception) and reply.kind == "stale"
+    assert reply.rev == h["rev"]
+
+    (reply,) = await fire(store, [replanned], HISTORY_CAP, BUFFER_POLL_MS)
+    assert not isinstance(reply, Exception) and reply.kind == "ok"
+    (decision,) = reply.decisions
+    assert decision.decision == "duplicate"
+    assert decision.task_id == before[0].task_id
+    after = await fired_tasks(queue, "report")
+    assert [t.task_id for t in after] == [before[0].task_id]
+    assert (await queue.get_schedule("replayed")).fired == 1
+
+
+async def test_fire_due_of_a_deleted_schedule_drops_its_index_member(
+    queue: Queue, r: Redis
+) -> None:
+    await queue.put_schedule("gone", every=1, task_type="report")
+    await r.delete(keys.schedule("gone", ""))
+    (done,) = await fire_due(queue.store, [("gone", "")], {})
+    assert done[1].kind == "gone"
+    assert await r.zscore(keys.schedules(""), "gone") is None
