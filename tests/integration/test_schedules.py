@@ -21,6 +21,7 @@ from dtq import Queue, keys
 from dtq.admin.schedules import fire_due, plan_firing
 from dtq.calls import fire
 from dtq.clock import redis_time_ms
+from dtq.errors import ScheduleNotFoundError
 from dtq.models import LIST_LIMIT_MAX, Task, format_ts, parse_ts
 from dtq.schedules import BUFFER_POLL_MS, CATCHUP_CAP, HISTORY_CAP, ScheduleDef
 from dtq.worker.firer import Firer
@@ -306,3 +307,114 @@ async def test_fire_due_of_a_deleted_schedule_drops_its_index_member(
     (done,) = await fire_due(queue.store, [("gone", "")], {})
     assert done[1].kind == "gone"
     assert await r.zscore(keys.schedules(""), "gone") is None
+
+
+# -- pause, start and end -----------------------------------------------------------------------
+
+
+async def clear_of(r: Redis, period_ms: int, margin_ms: int) -> int:
+    """The Redis time once it is at least ``margin_ms`` past a multiple of ``period_ms`` and
+    as far before the next one."""
+    found = 0
+
+    async def clear() -> bool:
+        nonlocal found
+        found = await redis_time_ms(r)
+        return margin_ms <= found % period_ms <= period_ms - margin_ms
+
+    await wait_until(clear, 2 * margin_ms / 1000 + 1, "a time clear of a tick")
+    return found
+
+
+async def firer_passes(queue: Queue, until_ms: int) -> None:
+    """The firer's passes, as the leader, until the Redis time ``until_ms``."""
+    firer = Firer(queue.store, lambda: True)
+    stop = asyncio.Event()
+    run = asyncio.create_task(firer.run(stop))
+
+    async def passed() -> bool:
+        return await redis_time_ms(queue.redis) >= until_ms
+
+    try:
+        await wait_until(passed, (until_ms - await redis_time_ms(queue.redis)) / 1000 + 5)
+    finally:
+        stop.set()
+        await run
+
+
+async def test_paused_never_fires_and_resumed_goes_on_from_now(queue: Queue, r: Redis) -> None:
+    """Created paused, nothing fires however long the firer runs; resumed, the ticks of the
+    pause are decided by the catch-up policy (skip: the ones older than grace are missed, not
+    fired) and it fires again from the time of the resume."""
+    s, outcome = await queue.put_schedule(
+        "held",
+        every=1,
+        task_type="report",
+        paused=True,
+        catchup="skip",
+        grace_s=1,
+        overlap="allow",
+    )
+    assert outcome == "created" and s.state == "paused"
+    assert await r.zscore(keys.schedules(""), "held") == float("inf")
+    now = await clear_of(r, 1000, 200)
+    await firer_passes(queue, now + 2_600)
+    assert await fired_tasks(queue, "report") == []
+    assert (await queue.get_schedule("held")).fired == 0
+
+    assert await queue.resume_schedule("held") is True
+    assert await queue.resume_schedule("held") is False  # resumed already: no change
+    resumed = await redis_time_ms(r)
+    await fire_until_due_and_fired(queue, "held", 2)
+    fired = ticks_ms(await fired_tasks(queue, "report"))
+    assert fired[0] >= resumed - 1_000, "a tick of the pause older than grace fired"
+    assert fired == list(range(fired[0], fired[-1] + 1, 1000))
+    s = await queue.get_schedule("held")
+    assert s.missed >= 1
+    assert [e["decision"] for e in s.history][-3:] == ["missed", "resumed", "created"]
+
+    assert await queue.pause_schedule("held") is True
+    paused_at = await redis_time_ms(r)
+    await firer_passes(queue, paused_at + 1_500)
+    again = ticks_ms(await fired_tasks(queue, "report"))
+    assert all(t <= paused_at for t in again), "a paused schedule fired"
+
+
+async def test_start_at_delays_the_first_tick_and_end_at_ends_it(queue: Queue, r: Redis) -> None:
+    now = await clear_of(r, 1000, 100)
+    start = now - now % 1000 + 2_000
+    end = start + 2_000
+    s, _ = await queue.put_schedule(
+        "bounded",
+        every=1,
+        task_type="report",
+        overlap="allow",
+        start_at=format_ts(start),
+        end_at=format_ts(end),
+    )
+    assert s.next_fire_at is not None and s.next_fire_at.timestamp() * 1000 == start
+    assert [round(t.timestamp() * 1000) for t in await queue.next_fire_times("bounded")] == [
+        start,
+        start + 1_000,
+        end,
+    ]
+    await firer_passes(queue, end + 1_100)
+    assert ticks_ms(await fired_tasks(queue, "report")) == [start, start + 1_000, end]
+    s = await queue.get_schedule("bounded")
+    assert s.state == "ended" and s.next_fire_at is None and s.fired == 3
+    assert await queue.next_fire_times("bounded") == []
+    assert await r.zscore(keys.schedules(""), "bounded") == float("inf")
+
+
+async def test_deleted_schedule_is_gone_with_its_keys(queue: Queue, r: Redis) -> None:
+    await queue.put_schedule("doomed", every=1, task_type="report")
+    await fire_until_due_and_fired(queue, "doomed", 1)
+    (task,) = await fired_tasks(queue, "report")
+    await queue.delete_schedule("doomed")
+    assert not await r.exists(keys.schedule("doomed", ""), keys.schedule_history("doomed", ""))
+    assert await r.zscore(keys.schedules(""), "doomed") is None
+    with pytest.raises(ScheduleNotFoundError):
+        await queue.get_schedule("doomed")
+    with pytest.raises(ScheduleNotFoundError):
+        await queue.trigger_schedule("doomed")
+    assert (await queue.get(task.task_id)).task_id == task.task_id  # its tasks stay
