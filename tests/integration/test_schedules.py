@@ -12,20 +12,28 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from dtq import Queue, keys
 from dtq.admin.schedules import fire_due, plan_firing
 from dtq.calls import fire
 from dtq.clock import redis_time_ms
+from dtq.config import Settings
 from dtq.errors import ScheduleNotFoundError
 from dtq.models import LIST_LIMIT_MAX, Task, format_ts, parse_ts
 from dtq.schedules import BUFFER_POLL_MS, CATCHUP_CAP, HISTORY_CAP, ScheduleDef
+from dtq.worker import Worker
 from dtq.worker.firer import Firer
-from support import Events, wait_until
+from dtq.worker.telemetry import WorkerTelemetry
+from dtq_tasks import TaskContext
+from support import Events, running_worker, started, wait_until
+from support.worker import fast, handlers
 
 MINUTE_MS = 60_000
 
@@ -418,3 +426,199 @@ async def test_deleted_schedule_is_gone_with_its_keys(queue: Queue, r: Redis) ->
     with pytest.raises(ScheduleNotFoundError):
         await queue.trigger_schedule("doomed")
     assert (await queue.get(task.task_id)).task_id == task.task_id  # its tasks stay
+
+
+# -- with a worker: overlap, what a handler sees, events, metrics ---------------------------------
+
+
+SLOW_S = 2.5  # the handler of the overlap test: longer than two intervals of 1 s
+
+
+async def test_overlap_policies_with_a_handler_slower_than_the_interval(
+    queue: Queue, r: Redis, settings: Settings
+) -> None:
+    """Every second, a handler that takes 2.5 s: ``skip`` never runs two at once and records
+    each tick it skips; ``allow`` runs them side by side; ``buffer_one`` holds one tick back
+    (never two) and fires it once the running task has ended, for the held tick."""
+    policies = ("skip", "allow", "buffer_one")
+    running = dict.fromkeys(policies, 0)
+    peak = dict.fromkeys(policies, 0)
+    finished = dict.fromkeys(policies, 0)
+
+    async def slow(payload: dict[str, Any], ctx: TaskContext) -> None:
+        policy = payload["policy"]
+        running[policy] += 1
+        peak[policy] = max(peak[policy], running[policy])
+        try:
+            await asyncio.sleep(SLOW_S)
+        finally:
+            running[policy] -= 1
+            finished[policy] += 1
+
+    async with (
+        Events(r) as events,
+        running_worker(fast(settings), handlers(slow=slow), concurrency=12),
+    ):
+        for policy in policies:
+            await queue.put_schedule(
+                f"slow-{policy}",
+                every=1,
+                task_type="slow",
+                payload={"policy": policy},
+                overlap=policy,
+            )
+
+        async def buffered_one_done() -> bool:
+            return finished["buffer_one"] >= 2 and finished["skip"] >= 2
+
+        await wait_until(buffered_one_done, 15, "two slow tasks of skip and buffer_one ended")
+        for policy in policies:
+            await queue.pause_schedule(f"slow-{policy}")  # decisions end here
+    tasks = {p: [t for t in await fired_tasks(queue, "slow") if t.payload["policy"] == p]
+             for p in policies}  # fmt: skip
+
+    # skip: one at a time; every tick is decided once, fired or skipped while one ran
+    assert peak["skip"] == 1
+    s = await queue.get_schedule("slow-skip")
+    skipped = [e for e in s.history if e["decision"] == "skipped_overlap"]
+    assert len(skipped) == s.skipped_overlap >= 2
+    by_id = {t.task_id: t for t in tasks["skip"]}
+    for e in skipped:
+        holder = by_id[e["running_task_id"]]
+        assert holder.metadata["scheduled_for"] < e["tick"]
+        assert holder.finished_at is None or holder.finished_at > parse_ts(e["ts"])
+    decided = sorted([parse_ms(e["tick"]) for e in skipped] + ticks_ms(tasks["skip"]))
+    assert decided == list(range(decided[0], decided[-1] + 1, 1000)), (
+        "a tick decided twice or never"
+    )
+    overlap_events = [e for e in events.of("SCHEDULE_SKIPPED")
+                      if e.metadata["schedule"] == "slow-skip"]  # fmt: skip
+    assert sorted(e.metadata["scheduled_for"] for e in overlap_events) == sorted(
+        e["tick"] for e in skipped
+    )
+    assert {e.metadata["reason"] for e in overlap_events} == {"overlap"}
+
+    # allow: side by side, nothing skipped
+    assert peak["allow"] >= 2
+    s = await queue.get_schedule("slow-allow")
+    assert s.skipped_overlap == 0
+    fired = ticks_ms(tasks["allow"])
+    assert fired == list(range(fired[0], fired[-1] + 1, 1000))
+
+    # buffer_one: one at a time, at most one held back, fired when the running one ended
+    assert peak["buffer_one"] == 1
+    s = await queue.get_schedule("slow-buffer_one")
+    held: str | None = None
+    held_ticks = []
+    for e in reversed(s.history):  # oldest first
+        if e["decision"] == "buffered":
+            assert held is None, "a second tick held back while one was"
+            held = e["tick"]
+            held_ticks.append(held)
+        elif e["decision"] == "fired" and e["tick"] == held:
+            held = None
+    assert held_ticks, "no tick was held back"
+    by_tick = {t.metadata["scheduled_for"]: t for t in tasks["buffer_one"]}
+    first_held = by_tick[held_ticks[0]]  # fired for the held tick, not for the time it fired
+    before = max((t for t in tasks["buffer_one"] if t.created_at < first_held.created_at),
+                 key=lambda t: t.created_at)  # fmt: skip
+    assert before.finished_at is not None and before.finished_at <= first_held.created_at
+    gap_ms = (first_held.created_at - before.finished_at).total_seconds() * 1000
+    assert gap_ms <= BUFFER_POLL_MS + 300, f"held tick fired {gap_ms:.0f} ms after the end"
+    (fired_event,) = [e for e in events.of("SCHEDULE_FIRED", first_held.task_id)]
+    assert fired_event.metadata["buffered"] is True
+    assert fired_event.metadata["scheduled_for"] == held_ticks[0]
+
+
+def parse_ms(iso: str) -> int:
+    return round(parse_ts(iso).timestamp() * 1000)
+
+
+async def test_handler_sees_its_firing_and_events_and_metrics_tell(
+    queue: Queue, r: Redis, settings: Settings
+) -> None:
+    """ctx.schedule and ctx.scheduled_for match the task's metadata; a manual trigger is marked
+    and deduplicated by its key; SCHEDULE_FIRED / SCHEDULE_SKIPPED tell each decision; the
+    worker's metrics count the firings (with their lag) and the missed ticks."""
+    seen: dict[str, tuple[str | None, datetime | None]] = {}
+
+    async def probe(payload: dict[str, Any], ctx: TaskContext) -> None:
+        seen[ctx.task_id] = (ctx.schedule, ctx.scheduled_for)
+
+    hmap = handlers(probe=probe)
+    telemetry = WorkerTelemetry(hmap)
+    worker = Worker(
+        fast(settings),
+        handlers=hmap,
+        worker_id="worker-probe001",
+        observers=telemetry.observers("worker-probe001"),
+    )
+    hour_ms = 3_600_000
+    now = await clear_of(r, hour_ms, 5_000)
+    await queue.put_schedule(
+        "behind", cron="0 * * * *", task_type="probe", catchup="skip", grace_s=2
+    )
+    await rewind(r, "behind", "", now - now % hour_ms - 9 * hour_ms)  # 10 hourly ticks due
+    async with Events(r) as events, started(worker):
+        await queue.put_schedule("probe", every=1, task_type="probe")
+
+        async def two_ran() -> bool:
+            return len(seen) >= 2
+
+        await wait_until(two_ran, 5, "two firings ran")
+        manual = await queue.trigger_schedule("probe", key="deploy-42")
+        again = await queue.trigger_schedule("probe", key="deploy-42")
+        assert again.duplicate and again.task_id == manual.task_id
+
+        async def manual_ran() -> bool:
+            return manual.task_id in seen
+
+        await wait_until(manual_ran, 5, "the manual firing ran")
+        await queue.pause_schedule("probe")
+    tasks = await fired_tasks(queue, "probe")
+    assert {t.task_id for t in tasks} == set(seen)
+    assert manual.metadata.get("trigger") == "manual"
+    assert [t.task_id for t in tasks if t.metadata.get("trigger")] == [manual.task_id]
+    ticked = [t for t in tasks if "trigger" not in t.metadata]
+    for t in tasks:
+        assert t.metadata["schedule"] == "probe"
+    for t in ticked:  # the tick, read by the worker from the firing's idempotency key
+        assert seen[t.task_id] == ("probe", parse_ts(t.metadata["scheduled_for"]))
+    # A manual firing's key has no tick: the handler is given the task's creation time, the
+    # same moment as the metadata's trigger time give or take the script's own clock read.
+    name, when = seen[manual.task_id]
+    assert name == "probe" and when is not None
+    lag = when - parse_ts(manual.metadata["scheduled_for"])
+    assert 0 <= lag.total_seconds() < 1
+
+    fired_events = {e.task_id: e for e in events.of("SCHEDULE_FIRED")}
+    assert set(fired_events) == set(seen)
+    for t in tasks:
+        e = fired_events[t.task_id]
+        assert (e.queue, e.task_type) == ("default", "probe")
+        assert e.metadata["schedule"] == "probe"
+        assert e.metadata["scheduled_for"] == t.metadata["scheduled_for"]
+        assert e.metadata["lag_ms"] >= 0
+        assert e.metadata.get("trigger") == t.metadata.get("trigger")
+    (missed,) = events.of("SCHEDULE_SKIPPED")
+    assert missed.metadata["schedule"] == "behind" and missed.metadata["reason"] == "missed"
+    assert missed.metadata["count"] == 10
+
+    scrape = generate_latest(telemetry.metrics.registry).decode()
+    families = {f.name: f for f in text_string_to_metric_families(scrape)}
+
+    def value(name: str, **labels: str) -> float:
+        return sum(
+            s.value
+            for f in families.values()
+            for s in f.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        )
+
+    qt = {"queue": "default", "task_type": "probe"}
+    assert value("dtq_schedule_firings_total", **qt, status="fired") == len(ticked)
+    assert value("dtq_schedule_firings_total", **qt, status="missed") == 10
+    assert value("dtq_schedule_firings_total", **qt, status="skipped_overlap") == 0
+    assert value("dtq_schedule_lag_seconds_count", **qt) == len(ticked)
+    lags = [fired_events[t.task_id].metadata["lag_ms"] / 1000 for t in ticked]
+    assert value("dtq_schedule_lag_seconds_sum", **qt) == pytest.approx(sum(lags))
