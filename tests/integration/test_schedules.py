@@ -622,3 +622,45 @@ async def test_handler_sees_its_firing_and_events_and_metrics_tell(
     assert value("dtq_schedule_lag_seconds_count", **qt) == len(ticked)
     lags = [fired_events[t.task_id].metadata["lag_ms"] / 1000 for t in ticked]
     assert value("dtq_schedule_lag_seconds_sum", **qt) == pytest.approx(sum(lags))
+
+
+# -- the cluster layout ------------------------------------------------------------------------
+
+
+@pytest.mark.backends("cluster", reason="the keys of a schedule in its queue's slot")
+async def test_cluster_schedule_fires_and_is_managed_in_its_queue_slot(
+    queue: Queue, r: Redis
+) -> None:
+    """On a Redis Cluster a schedule's keys are in its tasks' queue's slot (fire.lua enqueues a
+    tick and moves the cursor in one call there): it fires, is read, listed, paused, triggered,
+    moved to another queue with its cursor, and deleted with its keys."""
+    s, outcome = await queue.put_schedule("cq", every=1, task_type="report", queue="reports")
+    assert outcome == "created" and s.definition.queue == "reports"
+    h = keys.schedule("cq", "reports")
+    assert h.startswith("dtq:{reports}:")
+    assert await r.zscore(keys.schedules("reports"), "cq") is not None
+    await fire_until_due_and_fired(queue, "cq", 1)
+    (task,) = await fired_tasks(queue, "report")
+    assert task.queue == "reports" and task.metadata["schedule"] == "cq"
+    assert [x.name for x in await queue.list_schedules()] == ["cq"]
+    s = await queue.get_schedule("cq")
+    assert s.fired == 1 and s.last_task_id == task.task_id
+
+    assert await queue.pause_schedule("cq") is True
+    assert (await queue.get_schedule("cq")).state == "paused"
+    manual = await queue.trigger_schedule("cq", key="k")  # a manual firing ignores the pause
+    assert manual.metadata["trigger"] == "manual" and manual.queue == "reports"
+    assert (await queue.get_schedule("cq")).fired == 2
+
+    cursor = await r.hget(h, "cursor")
+    moved, outcome = await queue.put_schedule("cq", every=1, task_type="report", queue="elsewhere")
+    assert outcome == "created" and moved.definition.queue == "elsewhere"
+    assert not await r.exists(h, keys.schedule_history("cq", "reports"))
+    assert await r.zscore(keys.schedules("reports"), "cq") is None
+    assert await r.hget(keys.schedule("cq", "elsewhere"), "cursor") == cursor  # same spec
+
+    await queue.delete_schedule("cq")
+    assert not await r.exists(keys.schedule("cq", "elsewhere"))
+    assert not await r.exists(keys.schedule_history("cq", "elsewhere"))
+    assert await r.zscore(keys.schedules("elsewhere"), "cq") is None
+    assert await queue.list_schedules() == []
