@@ -5,6 +5,7 @@ by PID at the end, whatever happens."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import textwrap
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from redis.asyncio import Redis
 
 from dtq import Queue, keys
 from dtq.clock import redis_time_ms
+from dtq.errors import ScheduleNotFoundError
 from dtq.models import LIST_LIMIT_MAX, Task, parse_ts
 from dtq.worker.firer import TAKEOVER_MS
 from support import wait_until
@@ -151,45 +153,63 @@ async def test_code_schedule_survives_restarts_and_is_paused_when_dropped(
     spawn: Callable[..., WorkerProcess], r: Redis, queue: Queue, tmp_path: Path
 ) -> None:
     """``@task("tick", schedule=every(1))``: a starting worker creates it (origin code); a
-    restart with the same code leaves its cursor as it was (the ticks of the restart fire
-    late, none twice, none lost); a worker whose code no longer declares it pauses it with
-    reason "removed from code" and logs a warning."""
+    restart with the same code changes nothing, and a deploy that changes only its template
+    updates it, both leaving its cursor where it was (the ticks of the restart fire late, none
+    twice, none lost); a worker whose code no longer declares it pauses it with reason
+    "removed from code" and logs a warning."""
     v1 = task_module(tmp_path, "sched_v1", 'every(1, overlap="allow")')
-    a = spawn("worker-code0001", v1)
-    await wait_worker_ready(r, "worker-code0001")
-    s = await queue.get_schedule("tick")
-    assert s.origin == "code" and s.state == "active"
-    assert s.definition.every == 1 and s.definition.overlap == "allow"
-    assert "schedule tick created from code" in a.output()
+    v1b = task_module(tmp_path, "sched_v1b", 'every(1, overlap="allow", payload={"v": 2})')
 
     async def fired_at_least(n: int) -> bool:
         return (await queue.get_schedule("tick", history=0)).fired >= n
 
-    await wait_until(lambda: fired_at_least(2), 10, "two firings")
-    a.signal(signal.SIGTERM)
-    a.wait(15)
-    before = await queue.get_schedule("tick")
+    async def run_until_two_more(worker_id: str, mod: str) -> WorkerProcess:
+        """Start a worker on ``mod``, let it fire two ticks, stop it; the schedule before its
+        start must be where it goes on from."""
+        before = None
+        with contextlib.suppress(ScheduleNotFoundError):
+            before = await queue.get_schedule("tick", history=0)
+        proc = spawn(worker_id, mod)
+        await wait_worker_ready(r, worker_id)
+        n = 0 if before is None else before.fired
+        await wait_until(lambda: fired_at_least(n + 2), 10, f"two firings by {worker_id}")
+        proc.signal(signal.SIGTERM)
+        proc.wait(15)
+        fired = ticks_ms(await tick_tasks(queue))
+        assert fired == list(range(fired[0], fired[-1] + 1, 1000)), "a gap or a duplicate"
+        if before is not None:
+            assert before.next_fire_at is not None
+            first = fired[before.fired]  # this worker's first firing: the cursor it found
+            assert first == round(before.next_fire_at.timestamp() * 1000), "the cursor moved"
+        return proc
 
-    b = spawn("worker-code0002", v1)
-    await wait_worker_ready(r, "worker-code0002")
-    await wait_until(lambda: fired_at_least(before.fired + 2), 10, "two firings after restart")
-    b.signal(signal.SIGTERM)
-    b.wait(15)
-    after = await queue.get_schedule("tick")
+    a = await run_until_two_more("worker-code0001", v1)
+    s = await queue.get_schedule("tick")
+    assert s.origin == "code" and s.definition.every == 1 and s.definition.overlap == "allow"
+    assert "schedule tick created from code" in a.output()
+
+    b = await run_until_two_more("worker-code0002", v1)  # a restart: the same code
     assert "from code" not in b.output(), "the restart changed the schedule"
-    assert after.updated_at == before.updated_at
-    assert [e["decision"] for e in after.history if e["decision"] not in ("fired",)] == ["created"]
-    fired = ticks_ms(await tick_tasks(queue))
-    assert fired == list(range(fired[0], fired[-1] + 1, 1000)), "a gap or a duplicate"
-    assert before.next_fire_at is not None
-    first_after = fired[before.fired]  # the restart's first firing: the cursor it found
-    assert first_after == round(before.next_fire_at.timestamp() * 1000)
+    after = await queue.get_schedule("tick")
+    assert after.updated_at == s.updated_at
+    assert [e["decision"] for e in after.history if e["decision"] != "fired"] == ["created"]
+
+    c = await run_until_two_more("worker-code0003", v1b)  # a deploy: the template changed
+    assert "schedule tick updated from code" in c.output()
+    s = await queue.get_schedule("tick")
+    assert s.definition.payload == {"v": 2}
+    assert [e["decision"] for e in s.history if e["decision"] != "fired"] == [
+        "updated",
+        "created",
+    ]
 
     v2 = task_module(tmp_path, "sched_v2")
-    c = spawn("worker-code0003", v2)
-    await wait_worker_ready(r, "worker-code0003")
+    d = spawn("worker-code0004", v2)
+    await wait_worker_ready(r, "worker-code0004")
     s = await queue.get_schedule("tick")
     assert s.state == "paused" and s.paused_reason == "removed from code"
-    assert "schedule tick was declared in code that no longer declares it: paused" in c.output()
+    (warned,) = [line for line in d.output().splitlines() if "no longer declares it" in line]
+    assert "WARNING" in warned
+    assert "schedule tick was declared in code that no longer declares it: paused" in warned
     assert s.history[0]["decision"] == "paused"
     assert await r.zscore(keys.schedules(""), "tick") == float("inf")

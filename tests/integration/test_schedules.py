@@ -386,6 +386,13 @@ async def test_paused_never_fires_and_resumed_goes_on_from_now(queue: Queue, r: 
     await firer_passes(queue, paused_at + 1_500)
     again = ticks_ms(await fired_tasks(queue, "report"))
     assert all(t <= paused_at for t in again), "a paused schedule fired"
+    # A firer that found it due just before the pause, and reads the hash after it: fire.lua
+    # itself refuses to fire a paused schedule's ticks.
+    due = (await queue.get_schedule("held")).next_fire_at
+    assert due is not None and due <= await queue.now()
+    ((_, reply),) = await fire_due(queue.store, [("held", "")], {})
+    assert reply.kind == "paused"
+    assert ticks_ms(await fired_tasks(queue, "report")) == again
 
 
 async def test_start_at_delays_the_first_tick_and_end_at_ends_it(queue: Queue, r: Redis) -> None:
@@ -524,7 +531,7 @@ async def test_overlap_policies_with_a_handler_slower_than_the_interval(
                  key=lambda t: t.created_at)  # fmt: skip
     assert before.finished_at is not None and before.finished_at <= first_held.created_at
     gap_ms = (first_held.created_at - before.finished_at).total_seconds() * 1000
-    assert gap_ms <= BUFFER_POLL_MS + 300, f"held tick fired {gap_ms:.0f} ms after the end"
+    assert gap_ms <= 1_300, f"held tick fired {gap_ms:.0f} ms after the end"  # next pass
     (fired_event,) = [e for e in events.of("SCHEDULE_FIRED", first_held.task_id)]
     assert fired_event.metadata["buffered"] is True
     assert fired_event.metadata["scheduled_for"] == held_ticks[0]
@@ -600,6 +607,8 @@ async def test_handler_sees_its_firing_and_events_and_metrics_tell(
         assert e.metadata["scheduled_for"] == t.metadata["scheduled_for"]
         assert e.metadata["lag_ms"] >= 0
         assert e.metadata.get("trigger") == t.metadata.get("trigger")
+    for t in ticked:  # fired by the leader: within a second of the tick, on a loaded machine
+        assert fired_events[t.task_id].metadata["lag_ms"] < 1_000
     (missed,) = events.of("SCHEDULE_SKIPPED")
     assert missed.metadata["schedule"] == "behind" and missed.metadata["reason"] == "missed"
     assert missed.metadata["count"] == 10
