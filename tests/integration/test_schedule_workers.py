@@ -128,8 +128,8 @@ async def test_three_workers_one_task_per_tick_while_the_leader_is_stopped(
     # back; they waited for it TAKEOVER_MS first (then a firing takes every tick due, so
     # the ticks after the late one are fired with it, less late).
     lag = {ms(e["tick"]): e["lag_ms"] for e in s.history if e["decision"] == "fired"}
-    during = [t for t in fired if stopped < t <= resumed - TAKEOVER_MS - 500]
-    assert len(during) >= 2
+    during = [t for t in fired if stopped < t <= resumed - TAKEOVER_MS - 1_000]
+    assert during
     for t in during:
         assert t + lag[t] < resumed, f"tick {t} waited for the stopped leader"
     assert max(lag[t] for t in during) >= TAKEOVER_MS - 100
