@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 from dtq import Queue, keys
 from dtq.admin.schedules import fire_due, plan_firing
-from dtq.calls import fire
+from dtq.calls import Audit, fire
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from dtq.errors import ScheduleNotFoundError
@@ -673,3 +673,47 @@ async def test_cluster_schedule_fires_and_is_managed_in_its_queue_slot(
     assert not await r.exists(keys.schedule_history("cq", "elsewhere"))
     assert await r.zscore(keys.schedules("elsewhere"), "cq") is None
     assert await queue.list_schedules() == []
+
+
+# -- changes are announced and audited ------------------------------------------------------------
+
+
+async def test_changes_are_announced_and_audited(queue: Queue, r: Redis) -> None:
+    """Each change of a schedule publishes CONFIGURATION_CHANGED (metadata schedule, change)
+    and, made with an actor, appends its audit entry in the same script; a call that changes
+    nothing announces nothing."""
+    who = Audit("cli:ops@host", "req-7")
+    async with Events(r) as events:
+        await queue.put_schedule("audited", every=60, task_type="report", audit=who)
+        _, outcome = await queue.put_schedule("audited", every=60, task_type="report", audit=who)
+        assert outcome == "unchanged"
+        _, outcome = await queue.put_schedule(
+            "audited", every=60, task_type="report", payload={"v": 2}, audit=who
+        )
+        assert outcome == "updated"
+        assert await queue.pause_schedule("audited", audit=who) is True
+        assert await queue.pause_schedule("audited", audit=who) is False
+        assert await queue.resume_schedule("audited", audit=who) is True
+        task = await queue.trigger_schedule("audited", audit=who)
+        await queue.delete_schedule("audited", audit=who)
+    changes = [e.metadata for e in events.of("CONFIGURATION_CHANGED")]
+    assert changes == [
+        {"schedule": "audited", "change": c}
+        for c in ("created", "updated", "paused", "resumed", "deleted")
+    ]
+    (fired,) = events.of("SCHEDULE_FIRED")
+    assert fired.task_id == task.task_id and fired.metadata["trigger"] == "manual"
+    entries = list(reversed(await queue.audit_log()))  # oldest first
+    assert [(e.action, e.actor, e.request_id) for e in entries] == [
+        (action, "cli:ops@host", "req-7")
+        for action in (
+            "schedule_put",
+            "schedule_put",
+            "schedule_put",
+            "schedule_pause",
+            "schedule_resume",
+            "schedule_trigger",
+            "schedule_delete",
+        )
+    ]
+    assert entries[5].task_id == task.task_id
