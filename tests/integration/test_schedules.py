@@ -20,7 +20,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from dtq import Queue, keys
+from dtq import Queue, connect, keys
 from dtq.admin.schedules import fire_due, plan_firing
 from dtq.calls import Audit, fire
 from dtq.clock import redis_time_ms
@@ -717,3 +717,28 @@ async def test_changes_are_announced_and_audited(queue: Queue, r: Redis) -> None
         )
     ]
     assert entries[5].task_id == task.task_id
+
+
+async def test_a_full_queue_holds_the_tick_until_there_is_room(
+    queue: Queue, r: Redis, settings: Settings
+) -> None:
+    """A tick the queue refuses (QUEUE_FULL) is not lost and not skipped: the cursor stays on
+    it, the refusal is the schedule's last_error, and the tick fires once there is room."""
+    full = await connect(settings=settings.model_copy(update={"max_queue_depth": 1}))
+    try:
+        await full.submit("filler", {})
+        s, _ = await full.put_schedule("held-back", every=1, task_type="report", overlap="allow")
+        assert s.next_fire_at is not None
+        first = round(s.next_fire_at.timestamp() * 1000)
+        await firer_passes(full, first + 1_500)
+        s = await full.get_schedule("held-back")
+        assert await fired_tasks(full, "report") == []
+        assert s.fired == 0 and s.missed == 0
+        assert s.last_error is not None and "QUEUE_FULL" in s.last_error
+        assert s.next_fire_at is not None and s.next_fire_at.timestamp() * 1000 == first
+    finally:
+        await full.close()
+    await fire_until_due_and_fired(queue, "held-back", 2)  # a firer with room in the queue
+    fired = ticks_ms(await fired_tasks(queue, "report"))
+    assert fired[:2] == [first, first + 1_000]
+    assert (await queue.get_schedule("held-back")).last_error is None
