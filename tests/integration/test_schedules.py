@@ -531,7 +531,8 @@ async def test_overlap_policies_with_a_handler_slower_than_the_interval(
                  key=lambda t: t.created_at)  # fmt: skip
     assert before.finished_at is not None and before.finished_at <= first_held.created_at
     gap_ms = (first_held.created_at - before.finished_at).total_seconds() * 1000
-    assert gap_ms <= 1_300, f"held tick fired {gap_ms:.0f} ms after the end"  # next pass
+    # at the firer's next pass after that end (the next tick's, a second at most), not later
+    assert gap_ms <= 1_800, f"held tick fired {gap_ms:.0f} ms after the end"
     (fired_event,) = [e for e in events.of("SCHEDULE_FIRED", first_held.task_id)]
     assert fired_event.metadata["buffered"] is True
     assert fired_event.metadata["scheduled_for"] == held_ticks[0]
@@ -567,6 +568,11 @@ async def test_handler_sees_its_firing_and_events_and_metrics_tell(
     )
     await rewind(r, "behind", "", now - now % hour_ms - 9 * hour_ms)  # 10 hourly ticks due
     async with Events(r) as events, started(worker):
+
+        async def leads() -> bool:
+            return await r.get(keys.SCHEDULER_LOCK) == "worker-probe001"
+
+        await wait_until(leads, 5, "the worker leads")  # so it fires on time, not as a backup
         await queue.put_schedule("probe", every=1, task_type="probe")
 
         async def two_ran() -> bool:
