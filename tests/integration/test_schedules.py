@@ -55,8 +55,9 @@ def ticks_ms(tasks: Sequence[Task]) -> list[int]:
 async def rewind(r: Redis, name: str, queue: str, cursor_ms: int) -> None:
     """Leave schedule ``name`` as a firer that stopped deciding at ``cursor_ms`` left it.
 
-    A firer only ever writes the cursor in fire.lua, together with the index score and a new
-    rev; while no firer runs (every worker down), nothing writes the hash at all. So a downtime
+    Only fire.lua moves the cursor of a running schedule, together with its index score and a
+    new rev; while no firer runs (every worker down) and nobody edits the schedule, nothing
+    writes its hash at all. So a downtime
     that began at ``cursor_ms`` leaves exactly this: cursor = the first tick not decided,
     index score = that tick, and a rev no planned call holds. The Redis clock meanwhile goes
     on, which is what makes the ticks since then due: moving the cursor back by the downtime
@@ -81,17 +82,18 @@ async def fire_until_idle(queue: Queue, name: str, passes: int = 20) -> None:
     raise AssertionError(f"schedule {name} still due after {passes} passes")
 
 
-async def minute_clear_of(r: Redis, margin_ms: int) -> int:
-    """The Redis time once it is at least ``margin_ms`` from a minute boundary (either side), so
-    that which minute ticks are late (within grace) and which are missed is certain."""
+async def clear_of(r: Redis, period_ms: int, margin_ms: int) -> int:
+    """The Redis time once it is at least ``margin_ms`` past a multiple of ``period_ms`` and
+    as far before the next one: which ticks are late (within grace) and which are missed, or
+    which come due while a step runs, is then certain."""
     found = 0
 
     async def clear() -> bool:
         nonlocal found
         found = await redis_time_ms(r)
-        return margin_ms <= found % MINUTE_MS <= MINUTE_MS - margin_ms
+        return margin_ms <= found % period_ms <= period_ms - margin_ms
 
-    await wait_until(clear, 2 * margin_ms / 1000 + 1, "a time clear of a minute boundary")
+    await wait_until(clear, 2 * margin_ms / 1000 + 1, "a time clear of a tick")
     return found
 
 
@@ -113,7 +115,7 @@ async def test_cron_catchup_after_ten_minutes_down(queue: Queue, r: Redis, polic
         grace_s=2,
         overlap="allow",  # no worker runs: each fired tick's task stays queued
     )
-    now = await minute_clear_of(r, 3_000)
+    now = await clear_of(r, MINUTE_MS, 3_000)
     latest = now - now % MINUTE_MS
     down_from = latest - 9 * MINUTE_MS
     await rewind(r, "minutely", "", down_from)
@@ -153,7 +155,7 @@ async def test_catchup_all_keeps_to_its_window(queue: Queue, r: Redis) -> None:
         grace_s=2,
         overlap="allow",
     )
-    now = await minute_clear_of(r, 3_000)
+    now = await clear_of(r, MINUTE_MS, 3_000)
     latest = now - now % MINUTE_MS
     await rewind(r, "windowed", "", latest - 9 * MINUTE_MS)
     await fire_until_idle(queue, "windowed")
@@ -218,7 +220,7 @@ async def test_catchup_all_with_short_ttl_expires_old_ticks_at_once(queue: Queue
         grace_s=2,
         ttl_seconds=2,
     )  # an expired task is terminal: the default overlap policy (skip) lets the next fire
-    now = await minute_clear_of(r, 3_000)
+    now = await clear_of(r, MINUTE_MS, 3_000)
     latest = now - now % MINUTE_MS
     await rewind(r, "stale-ok", "", latest - 2 * MINUTE_MS)
     await fire_until_idle(queue, "stale-ok")
@@ -318,20 +320,6 @@ async def test_fire_due_of_a_deleted_schedule_drops_its_index_member(
 
 
 # -- pause, start and end -----------------------------------------------------------------------
-
-
-async def clear_of(r: Redis, period_ms: int, margin_ms: int) -> int:
-    """The Redis time once it is at least ``margin_ms`` past a multiple of ``period_ms`` and
-    as far before the next one."""
-    found = 0
-
-    async def clear() -> bool:
-        nonlocal found
-        found = await redis_time_ms(r)
-        return margin_ms <= found % period_ms <= period_ms - margin_ms
-
-    await wait_until(clear, 2 * margin_ms / 1000 + 1, "a time clear of a tick")
-    return found
 
 
 async def firer_passes(queue: Queue, until_ms: int) -> None:
