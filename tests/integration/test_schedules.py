@@ -57,11 +57,10 @@ async def rewind(r: Redis, name: str, queue: str, cursor_ms: int) -> None:
 
     Only fire.lua moves the cursor of a running schedule, together with its index score and a
     new rev; while no firer runs (every worker down) and nobody edits the schedule, nothing
-    writes its hash at all. So a downtime
-    that began at ``cursor_ms`` leaves exactly this: cursor = the first tick not decided,
-    index score = that tick, and a rev no planned call holds. The Redis clock meanwhile goes
-    on, which is what makes the ticks since then due: moving the cursor back by the downtime
-    is the same state as waiting it out."""
+    writes its hash at all. So a downtime that began at ``cursor_ms`` leaves exactly this:
+    cursor = the first tick not decided, index score = that tick, and a rev no planned call
+    holds. The Redis clock meanwhile goes on, which is what makes the ticks since then due:
+    moving the cursor back by the downtime is the same state as waiting it out."""
     h = keys.schedule(name, queue)
     pipe = r.pipeline(transaction=False)
     pipe.hset(h, "cursor", cursor_ms)
@@ -80,6 +79,18 @@ async def fire_until_idle(queue: Queue, name: str, passes: int = 20) -> None:
         if s.next_fire_at is None or s.next_fire_at.timestamp() * 1000 > now:
             return
     raise AssertionError(f"schedule {name} still due after {passes} passes")
+
+
+async def fire_until_due_and_fired(queue: Queue, name: str, n: int, timeout_s: float = 5) -> None:
+    """Firer passes (as the leader), as often as the firer itself would, until schedule
+    ``name`` has fired ``n`` ticks in all."""
+    firer = Firer(queue.store, lambda: True)
+
+    async def fired() -> bool:
+        await firer.step()
+        return (await queue.get_schedule(name, history=0)).fired >= n
+
+    await wait_until(fired, timeout_s, f"{name} fired {n}", every_s=0.05)
 
 
 async def clear_of(r: Redis, period_ms: int, margin_ms: int) -> int:
@@ -182,7 +193,7 @@ async def test_catchup_all_is_capped(queue: Queue, r: Redis) -> None:
         grace_s=2,
         overlap="allow",
     )
-    now = await redis_time_ms(r)
+    now = await clear_of(r, 1000, 250)  # the first plan is made within the same second
     down_from = now - now % 1000 - 600_000
     await rewind(r, "secondly", "", down_from)
     async with Events(r) as events:
@@ -234,24 +245,12 @@ async def test_catchup_all_with_short_ttl_expires_old_ticks_at_once(queue: Queue
 
 
 async def test_fresh_firing_has_deadline_from_its_tick(queue: Queue, r: Redis) -> None:
-    await queue.put_schedule("ttl", every=1, task_type="report", ttl_seconds=30)  # fmt: skip
+    await queue.put_schedule("ttl", every=1, task_type="report", ttl_seconds=30)
     await fire_until_due_and_fired(queue, "ttl", 1)
     (t,) = await fired_tasks(queue, "report")
     (tick,) = ticks_ms([t])
     assert t.status == "queued"
     assert t.expires_at is not None and t.expires_at.timestamp() * 1000 == tick + 30_000
-
-
-async def fire_until_due_and_fired(queue: Queue, name: str, n: int, timeout_s: float = 5) -> None:
-    """Firer passes (as the leader), as often as the firer itself would, until schedule
-    ``name`` has fired ``n`` ticks in all."""
-    firer = Firer(queue.store, lambda: True)
-
-    async def fired() -> bool:
-        await firer.step()
-        return (await queue.get_schedule(name, history=0)).fired >= n
-
-    await wait_until(fired, timeout_s, f"{name} fired {n}", every_s=0.05)
 
 
 # -- exactly once: racing firers, replays -------------------------------------------------------
