@@ -318,7 +318,7 @@ async def drain_run(env: Env, n_sched: int, n_tasks: int, order: str) -> Result:
 
 
 async def run(env: Env) -> list[Result]:
-    n = env.n(1_000, 20)
+    n = env.n(1_000, 250)  # quick: still more than one of the firer's chunks (FIRE_CHUNK)
     seconds = env.n(20, 3)
     out = await lag_run(env, n, seconds)
     out.append(await drain_run(env, n, env.n(40_000, 300), "AB" if env.quick else ORDER))
