@@ -44,6 +44,7 @@ __all__ = [
     "list_schedules",
     "locate",
     "next_fire_times",
+    "plan_due",
     "plan_firing",
     "preview_definition",
     "put_schedule",
@@ -270,40 +271,58 @@ def _candidate(
     return FireCandidate(tick_ms, kind, req, calls.new_task_id(d.queue))
 
 
+async def plan_due(
+    store: Store,
+    due: Sequence[tuple[str, str]],
+    definitions: dict[str, ScheduleDef],
+    at_ms: int | None = None,
+) -> builtins.list[Firing]:
+    """Read the hash of each of schedules ``due`` ((name, queue) pairs) and plan its firing at
+    Redis time ``at_ms`` (None: the server's time now, read in the same round trip); a
+    schedule deleted meanwhile is planned as a call that removes its index member.
+    ``definitions`` caches the parsed definitions by their JSON."""
+    pipe = store.redis.pipeline(transaction=False)
+    for name, queue in due:
+        pipe.hmget(keys.schedule(name, queue), PLAN_FIELDS)
+    pipe.time()
+    *rows, clock = await pipe.execute()
+    now = int(clock[0]) * 1000 + int(clock[1]) // 1000 if at_ms is None else at_ms
+    firings: list[Firing] = []
+    for (name, queue), row in zip(due, rows, strict=True):
+        raw = row[0]
+        if raw is None:  # deleted meanwhile: fire.lua removes a stale index member
+            firings.append(Firing(name, queue, "", "tick", "", ()))
+            continue
+        h = {k: v for k, v in zip(PLAN_FIELDS, row, strict=True) if v is not None}
+        d = definitions.get(raw)
+        if d is None:
+            if len(definitions) > 10_000:
+                definitions.clear()
+            d = definitions[raw] = ScheduleDef.model_validate_json(raw)
+        firings.append(plan_firing(name, h, d, now, store))
+    return firings
+
+
 async def fire_due(
     store: Store,
     due: Sequence[tuple[str, str]],
     definitions: dict[str, ScheduleDef],
+    planned: Sequence[Firing] = (),
 ) -> builtins.list[tuple[Firing, FireReply]]:
     """Fire schedules ``due`` ((name, queue) pairs whose index score has come): read each hash,
-    plan, and send every fire.lua call in one round trip; a call that finds the schedule
-    changed is planned and sent again (up to ``CAS_TRIES`` times). ``definitions`` caches the
-    parsed definitions by their JSON. Returns each call that ran and its reply."""
-    redis = store.redis
+    plan (:func:`plan_due`), and send every fire.lua call in one round trip; a call that finds
+    the schedule changed is planned and sent again (up to ``CAS_TRIES`` times). ``planned``
+    are firings planned earlier (by :func:`plan_due` for a time that has come now), sent first
+    as they are: one that is out of date is stale and planned again. Returns each call that
+    ran and its reply."""
     todo = list(due)
     done: list[tuple[Firing, FireReply]] = []
+    firings = list(planned)
     for _ in range(CAS_TRIES):
-        if not todo:
+        if todo:
+            firings += await plan_due(store, todo, definitions)
+        if not firings:
             break
-        pipe = redis.pipeline(transaction=False)
-        for name, queue in todo:
-            pipe.hmget(keys.schedule(name, queue), PLAN_FIELDS)
-        pipe.time()
-        *rows, clock = await pipe.execute()
-        now = int(clock[0]) * 1000 + int(clock[1]) // 1000
-        firings: list[Firing] = []
-        for (name, queue), row in zip(todo, rows, strict=True):
-            raw = row[0]
-            if raw is None:  # deleted meanwhile: fire.lua removes a stale index member
-                firings.append(Firing(name, queue, "", "tick", "", ()))
-                continue
-            h = {k: v for k, v in zip(PLAN_FIELDS, row, strict=True) if v is not None}
-            d = definitions.get(raw)
-            if d is None:
-                if len(definitions) > 10_000:
-                    definitions.clear()
-                d = definitions[raw] = ScheduleDef.model_validate_json(raw)
-            firings.append(plan_firing(name, h, d, now, store))
         replies = await calls.fire(store, firings, HISTORY_CAP, BUFFER_POLL_MS)
         todo = []
         for f, reply in zip(firings, replies, strict=True):
@@ -313,6 +332,7 @@ async def fire_due(
                 todo.append((f.name, f.queue))
             else:
                 done.append((f, reply))
+        firings = []
     return done
 
 
