@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import statistics
 import time
 from datetime import UTC, datetime
@@ -154,6 +155,7 @@ async def lag_run(env: Env, n: int, seconds: int) -> list[Result]:
     await env.flush()
 
     lags: list[float] = []
+    first_of_tick: dict[int, float] = {}  # the lag of each tick's first firing
     last_fire_ms = 0
     wrong: list[str] = []
     expected = [start + 1000 * k for k in range(seconds)]
@@ -168,6 +170,8 @@ async def lag_run(env: Env, n: int, seconds: int) -> list[Result]:
             wrong.append(f"{_name(i)}: decisions {sorted(others)}")
         for e in fired:
             lags.append(float(e["lag_ms"]))
+            tick = round(iso_ms(e["tick"]))
+            first_of_tick[tick] = min(first_of_tick.get(tick, math.inf), float(e["lag_ms"]))
             last_fire_ms = max(last_fire_ms, round(iso_ms(e["tick"])) + int(e["lag_ms"]))
     total = n * seconds
     if not lags:
@@ -183,6 +187,7 @@ async def lag_run(env: Env, n: int, seconds: int) -> list[Result]:
         "p95_ms": percentile(lags, 95),
         "p99_ms": p99,
         "max_ms": mx,
+        "first_firing_p50_ms": percentile(list(first_of_tick.values()), 50),
         "firings": firings,
         "firings_per_s": firings / span_s if span_s > 0 else float("nan"),
         "schedules": n,
