@@ -254,6 +254,8 @@ async def _drain_round(env: Env, n_tasks: int, n_sched: int, warm_s: float) -> d
         fired0 = await live_entries(r, QUEUE)
         if n_sched and not fired0:
             raise RuntimeError("the schedules did not fire before the drain")
+        cpu0 = (await _redis_cpu(r))[0]
+        wcpu0 = process_cpu_s(worker.proc.pid)[0]
         t = time.monotonic()
         await q.resume_queue("default")
 
@@ -262,6 +264,8 @@ async def _drain_round(env: Env, n_tasks: int, n_sched: int, warm_s: float) -> d
 
         await wait_until(drained, 300, interval_s=0.05)
         wall = time.monotonic() - t
+        wcpu = process_cpu_s(worker.proc.pid)[0] - wcpu0
+        cpu = (await _redis_cpu(r))[0] - cpu0
         if not worker.alive():
             raise RuntimeError(f"the worker exited ({worker.proc.returncode}): {worker.tail()}")
         fired = await live_entries(r, QUEUE) - fired0
@@ -284,6 +288,8 @@ async def _drain_round(env: Env, n_tasks: int, n_sched: int, warm_s: float) -> d
     return {
         "rate": (n_tasks - 1) / span if span > 0 else float("nan"),
         "firings_per_s": fired / wall if wall > 0 else 0.0,
+        "worker_us": wcpu * 1e6 / n_tasks,
+        "redis_us": cpu * 1e6 / n_tasks,
     }
 
 
@@ -299,6 +305,12 @@ async def drain_run(env: Env, n_sched: int, n_tasks: int, order: str) -> Result:
     with_ = [res["rate"] for kind, res in rounds if kind == "B"]
     fps = [res["firings_per_s"] for kind, res in rounds if kind == "B"]
     ratio = statistics.median(with_) / statistics.median(without)
+
+    def cpu(kind: str, key: str) -> float:
+        return statistics.median(res[key] for k, res in rounds if k == kind)
+
+    cpu_a = cpu("A", "worker_us") + cpu("A", "redis_us")
+    cpu_b = cpu("B", "worker_us") + cpu("B", "redis_us")
     return Result(
         "schedules.drain_ratio",
         figure="ratio",
@@ -308,17 +320,27 @@ async def drain_run(env: Env, n_sched: int, n_tasks: int, order: str) -> Result:
             "rate_without": statistics.median(without),
             "rate_with": statistics.median(with_),
             "rounds": [f"{kind} {res['rate']:.0f}" for kind, res in rounds],
+            "cpu_us_per_task_without": {
+                "worker": cpu("A", "worker_us"),
+                "redis": cpu("A", "redis_us"),
+            },
+            "cpu_us_per_task_with": {
+                "worker": cpu("B", "worker_us"),
+                "redis": cpu("B", "redis_us"),
+            },
             "firings_per_s_during_drain": fps,
             "tasks": n_tasks,
             "concurrency": env.concurrency,
         },
+        ratios={"cpu_per_task_without": cpu_b / cpu_a if cpu_a else float("nan")},
         target=f">= {DRAIN_TARGET} (within 5 % of without)",
         met=ratio >= DRAIN_TARGET,
         note=f"{n_tasks:,} no-op tasks on 'default', one worker (--concurrency "
         f"{env.concurrency}) that is also the firing leader; rounds {'-'.join(order)} (A without, "
         f"B with {n_sched:,} schedules every 1 s, ~{statistics.median(fps):,.0f} firings/s "
         f"during B's drains); medians {statistics.median(with_):,.0f} vs "
-        f"{statistics.median(without):,.0f} tasks/s",
+        f"{statistics.median(without):,.0f} tasks/s; worker + Redis CPU per drained task "
+        f"{cpu_b:.0f} vs {cpu_a:.0f} us (the firing included)",
     )
 
 
