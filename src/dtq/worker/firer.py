@@ -76,6 +76,11 @@ class Firer:
         self._definitions: dict[str, ScheduleDef] = {}
         self._ready: tuple[int, list[Firing]] | None = None  # planned ahead: (time, firings)
 
+    @property
+    def planned_for(self) -> int | None:
+        """The fire time (epoch ms) of the firings planned ahead, None when there are none."""
+        return None if self._ready is None else self._ready[0]
+
     async def run(self, stopping: asyncio.Event) -> None:
         """Pass after pass until ``stopping`` is set."""
         while not stopping.is_set():
