@@ -33,6 +33,7 @@ from dtq.schedules import (
     parse_schedule,
     template_request,
 )
+from dtq.scripts import Call
 from dtq.store import Store
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "next_fire_times",
     "plan_due",
     "plan_firing",
+    "prepare_calls",
     "preview_definition",
     "put_schedule",
     "set_schedule_paused",
@@ -58,6 +60,9 @@ CAS_TRIES = 5  # plans made again after a firing found the schedule changed
 # other fields (counters, timestamps, the spec key) cost the firer's read of a thousand hashes
 # a second as much again to parse.
 PLAN_FIELDS = ("definition", "cursor", "rev", "last_task_id", "buffered_ms")
+
+PreparedFiring = tuple[Firing, Call]
+"""A firing planned ahead and its fire.lua call (:func:`prepare_calls`)."""
 PREVIEW_MAX = 1_000
 
 
@@ -303,27 +308,37 @@ async def plan_due(
     return firings
 
 
+def prepare_calls(store: Store, firings: Sequence[Firing]) -> builtins.list[PreparedFiring]:
+    """Each of ``firings`` with its fire.lua call, made now to be sent later (fire_due's
+    ``planned``)."""
+    s = store.settings
+    return [(f, calls.fire_call(f, s, HISTORY_CAP, BUFFER_POLL_MS)) for f in firings]
+
+
 async def fire_due(
     store: Store,
     due: Sequence[tuple[str, str]],
     definitions: dict[str, ScheduleDef],
-    planned: Sequence[Firing] = (),
+    planned: Sequence[PreparedFiring] = (),
 ) -> builtins.list[tuple[Firing, FireReply]]:
     """Fire schedules ``due`` ((name, queue) pairs whose index score has come): read each hash,
     plan (:func:`plan_due`), and send every fire.lua call in one round trip; a call that finds
     the schedule changed is planned and sent again (up to ``CAS_TRIES`` times). ``planned``
-    are firings planned earlier (by :func:`plan_due` for a time that has come now), sent first
-    as they are: one that is out of date is stale and planned again. Returns each call that
-    ran and its reply."""
+    are firings planned earlier (by :func:`plan_due` for a time that has come now, with their
+    calls: :func:`prepare_calls`), sent first as they are: one that is out of date is stale and
+    planned again. Returns each call that ran and its reply."""
     todo = list(due)
     done: list[tuple[Firing, FireReply]] = []
-    firings = list(planned)
+    firings = [f for f, _ in planned]
+    prepared = [c for _, c in planned]
     for _ in range(CAS_TRIES):
         if todo:
-            firings += await plan_due(store, todo, definitions)
+            new = await plan_due(store, todo, definitions)
+            firings += new
+            prepared += [c for _, c in prepare_calls(store, new)]
         if not firings:
             break
-        replies = await calls.fire(store, firings, HISTORY_CAP, BUFFER_POLL_MS)
+        replies = await calls.fire_calls(store, prepared)
         todo = []
         for f, reply in zip(firings, replies, strict=True):
             if isinstance(reply, Exception):
@@ -332,7 +347,7 @@ async def fire_due(
                 todo.append((f.name, f.queue))
             else:
                 done.append((f, reply))
-        firings = []
+        firings, prepared = [], []
     return done
 
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from dtq import keys
-from dtq.admin.schedules import fire_due, plan_due
+from dtq.admin.schedules import PreparedFiring, fire_due, plan_due, prepare_calls
 from dtq.calls import FireReply, Firing
 from dtq.schedules import ScheduleDef
 from dtq.store import Store
@@ -74,7 +74,8 @@ class Firer:
         self.on_fired = on_fired
         self.outage = outage or RedisOutage()
         self._definitions: dict[str, ScheduleDef] = {}
-        self._ready: tuple[int, list[Firing]] | None = None  # planned ahead: (time, firings)
+        # Planned ahead: (their time, the firings with their calls, made beforehand too).
+        self._ready: tuple[int, list[PreparedFiring]] | None = None
 
     @property
     def planned_for(self) -> int | None:
@@ -117,7 +118,7 @@ class Firer:
         due: list[tuple[str, str]] = []
         next_ms = math.inf
         full = False
-        planned = {f.name for f in ready}
+        planned = {f.name for f, _ in ready}
         for i, scope in enumerate(scopes):
             names, first = replies[2 * i], replies[2 * i + 1]
             due += [(name, scope) for name in names if name not in planned]
@@ -138,7 +139,7 @@ class Firer:
             next_ms -= PLAN_AHEAD_MS
         return min(POLL_S, max(0.0, (next_ms - now) / 1000))
 
-    def _take_ready(self, leader: bool, now_ms: int) -> list[Firing]:
+    def _take_ready(self, leader: bool, now_ms: int) -> list[PreparedFiring]:
         """The firings planned ahead, once their time has come (dropped when this worker is
         not the leader any more, or when they are more than PLAN_AHEAD_MS overdue: a firer
         stalled that long plans again, with the catch-up policy applied at the real time)."""
@@ -170,10 +171,10 @@ class Firer:
         plans = await asyncio.gather(
             *(plan_due(self.store, chunk, self._definitions, at_ms) for chunk in chunks)
         )
-        self._ready = (at_ms, [f for plan in plans for f in plan])
+        self._ready = (at_ms, prepare_calls(self.store, [f for plan in plans for f in plan]))
 
     async def _fire(
-        self, due: Sequence[tuple[str, str]], ready: Sequence[Firing]
+        self, due: Sequence[tuple[str, str]], ready: Sequence[PreparedFiring]
     ) -> list[tuple[Firing, FireReply]]:
         """Fire ``due`` schedules and the ``ready`` planned firings, in concurrent chunks."""
         jobs = [
