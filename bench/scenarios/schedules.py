@@ -251,9 +251,13 @@ async def _drain_round(env: Env, n_tasks: int, n_sched: int, warm_s: float) -> d
         worker = spawn_worker(env, concurrency=env.concurrency)
         await _leader(worker, r)
         await asyncio.sleep(warm_s)  # the same in both: B's firer settles, A just waits
-        fired0 = await live_entries(r, QUEUE)
-        if n_sched and not fired0:
+
+        async def firing() -> bool:
+            return await live_entries(r, QUEUE) > 0
+
+        if n_sched and not await wait_until(firing, 30, interval_s=0.05):
             raise RuntimeError("the schedules did not fire before the drain")
+        fired0 = await live_entries(r, QUEUE)
         cpu0 = (await _redis_cpu(r))[0]
         wcpu0 = process_cpu_s(worker.proc.pid)[0]
         t = time.monotonic()
