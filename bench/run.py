@@ -34,6 +34,7 @@ from bench.scenarios import (
     latency,
     memory,
     scaling,
+    schedules,
 )
 from dtq.devserver import start_redis
 
@@ -50,6 +51,7 @@ SCENARIOS: dict[str, Scenario] = {
     "memory": memory.run,
     "scaling": scaling.run,
     "expiration": expiration.run,
+    "schedules": schedules.run,
     "cluster": cluster.run,
 }
 

@@ -75,6 +75,7 @@ __all__ = [
     "finish_many",
     "fire",
     "fire_call",
+    "fire_calls",
     "lock",
     "new_id",
     "parse_read",
@@ -1452,9 +1453,12 @@ async def fire(
     """fire.lua for each of ``firings``, in one round trip (per node on a cluster); a
     failed call is its exception, in place."""
     s = db.settings
-    replies = await db.scripts.call_many(
-        db.redis, [fire_call(f, s, history_cap, poll_ms) for f in firings]
-    )
+    return await fire_calls(db, [fire_call(f, s, history_cap, poll_ms) for f in firings])
+
+
+async def fire_calls(db: Backend, prepared: Sequence[Call]) -> list[FireReply | Exception]:
+    """:func:`fire` of calls made beforehand by :func:`fire_call`."""
+    replies = await db.scripts.call_many(db.redis, prepared)
     return [r if isinstance(r, Exception) else parse_fire(r) for r in replies]
 
 

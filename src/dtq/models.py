@@ -209,6 +209,9 @@ class _Encoded(NamedTuple):
     metadata_size: int
 
 
+_NOT_ENCODED = _Encoded("{}", "{}", 2, 2)
+
+
 class SubmitOptions(TypedDict, total=False):
     """Every option of a submission besides its task type and payload: the keyword arguments
     of ``Queue.submit`` and ``Queue.submit_many``, the other fields of the HTTP body
@@ -263,7 +266,8 @@ class SubmitRequest(BaseModel):
     # Set by the validator. One private attribute (pydantic initialises each one per instance),
     # read through __pydantic_private__: a plain read of a private attribute goes through
     # pydantic's __getattr__ (about 1 us, and a submit reads it several times).
-    _encoded: _Encoded = PrivateAttr(default=_Encoded("{}", "{}", 2, 2))
+    # A factory, not a default: pydantic deep-copies a private default for every instance.
+    _encoded: _Encoded = PrivateAttr(default_factory=lambda: _NOT_ENCODED)
 
     @field_validator("task_type")
     @classmethod

@@ -1,8 +1,10 @@
 """Smoke run of the benchmarks: ``python -m bench --quick`` against the test Redis completes and
 reports one valid JSON line per result, every scenario measured ("ok": a worker that cannot
 start is an error row and exit code 1). The cluster scenario, which starts clusters of its own,
-runs in a test apart, so that each stays within its time limit. No timing is asserted: figures
-on a shared 2-core machine are for ``make bench``, never a gate of ``make test``."""
+and the schedules scenario, which waits for its ticks, run in tests apart, so that each stays
+within its time limit. No timing is asserted: figures on a shared 2-core machine are for
+``make bench``, never a gate of ``make test`` (the schedules test asserts the exactly-once
+count, which is not a timing)."""
 
 from __future__ import annotations
 
@@ -66,3 +68,16 @@ def test_quick_cluster_bench_reports_each_primary_against_one_redis(redis_url: s
     assert all(p["tasks"] == n // 3 for p in primaries)
     assert all(p["cpu_us_per_task"] > 0 and p["ratios"]["single_redis"] > 0 for p in primaries)
     assert math.isclose(sum(p["cpu_share"] for p in primaries), 1, rel_tol=1e-3)
+
+
+def test_quick_schedules_bench_fires_every_tick_once(redis_url: str) -> None:
+    rows = {r["scenario"]: r for r in quick_bench(redis_url, ["schedules"])}
+    assert {"schedules.tick_lag", "schedules.exactly_once", "schedules.drain_ratio"} <= set(rows)
+    once = rows["schedules.exactly_once"]
+    assert once["met"] is True, once
+    assert once["firings"] == once["expected"] == once["tasks_queued"] > 0
+    lag = rows["schedules.tick_lag"]
+    assert lag["firings"] == lag["schedules"] * lag["seconds"]
+    assert 0 <= lag["p50_ms"] <= lag["p99_ms"] <= lag["max_ms"]
+    drain = rows["schedules.drain_ratio"]
+    assert [r.split()[0] for r in drain["rounds"]] == ["A", "B"]

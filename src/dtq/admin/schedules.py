@@ -39,6 +39,7 @@ from dtq.schedules import (
     parse_schedule,
     template_request,
 )
+from dtq.scripts import Call
 from dtq.store import Store
 
 __all__ = [
@@ -50,7 +51,9 @@ __all__ = [
     "list_schedules",
     "locate",
     "next_fire_times",
+    "plan_due",
     "plan_firing",
+    "prepare_calls",
     "preview_definition",
     "put_schedule",
     "set_schedule_paused",
@@ -59,6 +62,13 @@ __all__ = [
 ]
 
 CAS_TRIES = 5  # plans made again after a firing found the schedule changed
+# The hash fields a firing is planned from (plan_firing): read alone, not the whole hash, whose
+# other fields (counters, timestamps, the spec key) cost the firer's read of a thousand hashes
+# a second as much again to parse.
+PLAN_FIELDS = ("definition", "cursor", "rev", "last_task_id", "buffered_ms")
+
+PreparedFiring = tuple[Firing, Call]
+"""A firing planned ahead and its fire.lua call (:func:`prepare_calls`)."""
 PREVIEW_MAX = 1_000
 
 
@@ -287,52 +297,81 @@ def _candidate(
     return FireCandidate(tick_ms, kind, req, calls.new_task_id(d.queue))
 
 
+async def plan_due(
+    store: Store,
+    due: Sequence[tuple[str, str]],
+    definitions: dict[str, ScheduleDef],
+    refused: builtins.list[tuple[str, str, DtqError]],
+    at_ms: int | None = None,
+) -> builtins.list[Firing]:
+    """Read the hash of each of schedules ``due`` ((name, queue) pairs) and plan its firing at
+    Redis time ``at_ms`` (None: the server's time now, read in the same round trip); a
+    schedule deleted meanwhile is planned as a call that removes its index member.
+    ``definitions`` caches the parsed definitions by their JSON. A schedule whose firing's
+    task this process refuses is added to ``refused`` and not planned."""
+    pipe = store.redis.pipeline(transaction=False)
+    for name, queue in due:
+        pipe.hmget(keys.schedule(name, queue), PLAN_FIELDS)
+    pipe.execute_command("TIME")  # not .time(): a cluster pipeline refuses that name
+    *rows, clock = await pipe.execute()
+    now = time_reply_ms(clock) if at_ms is None else at_ms
+    firings: list[Firing] = []
+    for (name, queue), row in zip(due, rows, strict=True):
+        raw = row[0]
+        if raw is None:  # deleted meanwhile: fire.lua removes a stale index member
+            firings.append(Firing(name, queue, "", "tick", "", ()))
+            continue
+        h = {k: v for k, v in zip(PLAN_FIELDS, row, strict=True) if v is not None}
+        d = definitions.get(raw)
+        if d is None:
+            if len(definitions) > 10_000:
+                definitions.clear()
+            d = definitions[raw] = ScheduleDef.model_validate_json(raw)
+        try:
+            firings.append(plan_firing(name, h, d, now, store))
+        except DtqError as exc:
+            # The template was valid when it was stored, and is not under this process's
+            # settings (a lower DTQ_MAX_ATTEMPTS, DTQ_MAX_PAYLOAD_BYTES): this schedule waits,
+            # the others fire.
+            refused.append((name, queue, exc))
+    return firings
+
+
+def prepare_calls(store: Store, firings: Sequence[Firing]) -> builtins.list[PreparedFiring]:
+    """Each of ``firings`` with its fire.lua call, made now to be sent later (fire_due's
+    ``planned``)."""
+    s = store.settings
+    return [(f, calls.fire_call(f, s, HISTORY_CAP, BUFFER_POLL_MS)) for f in firings]
+
+
 async def fire_due(
     store: Store,
     due: Sequence[tuple[str, str]],
     definitions: dict[str, ScheduleDef],
     refused: builtins.list[tuple[str, str, DtqError]],
     skip: Collection[tuple[str, str]] = (),
+    planned: Sequence[PreparedFiring] = (),
 ) -> builtins.list[tuple[Firing, FireReply]]:
     """Fire schedules ``due`` ((name, queue) pairs whose index score has come) but those in
-    ``skip``: read each hash, plan, and send every fire.lua call in one round trip; a call that
-    finds the schedule changed is planned and sent again (up to ``CAS_TRIES`` times).
-    ``definitions`` caches the parsed definitions by their JSON. Returns each call that ran and
-    its reply; a schedule whose firing's task this process refuses (its template against the
+    ``skip``: read each hash, plan (:func:`plan_due`), and send every fire.lua call in one
+    round trip; a call that finds the schedule changed is planned and sent again (up to
+    ``CAS_TRIES`` times). ``planned`` are firings planned earlier (by :func:`plan_due` for a
+    time that has come now, with their calls: :func:`prepare_calls`), sent first as they are:
+    one that is out of date is stale and planned again. Returns each call that ran and its
+    reply; a schedule whose firing's task this process refuses (its template against the
     settings) is added to ``refused`` with the error, and not fired."""
-    redis = store.redis
     todo = [(name, queue) for name, queue in due if (name, queue) not in skip]
     done: list[tuple[Firing, FireReply]] = []
+    firings = [f for f, _ in planned]
+    prepared = [c for _, c in planned]
     for _ in range(CAS_TRIES):
-        if not todo:
-            break
-        pipe = redis.pipeline(transaction=False)
-        for name, queue in todo:
-            pipe.hgetall(keys.schedule(name, queue))
-        pipe.execute_command("TIME")  # not .time(): a cluster pipeline refuses that name
-        *hashes, clock = await pipe.execute()
-        now = time_reply_ms(clock)
-        firings: list[Firing] = []
-        for (name, queue), h in zip(todo, hashes, strict=True):
-            if not h:  # deleted meanwhile: fire.lua removes a stale index member
-                firings.append(Firing(name, queue, "", "tick", "", ()))
-                continue
-            raw = h["definition"]
-            d = definitions.get(raw)
-            if d is None:
-                if len(definitions) > 10_000:
-                    definitions.clear()
-                d = definitions[raw] = ScheduleDef.model_validate_json(raw)
-            try:
-                firings.append(plan_firing(name, h, d, now, store))
-            except DtqError as exc:
-                # The template was valid when it was stored, and is not under this process's
-                # settings (a lower DTQ_MAX_ATTEMPTS, DTQ_MAX_PAYLOAD_BYTES): this schedule
-                # waits, the others fire.
-                refused.append((name, queue, exc))
+        if todo:
+            new = await plan_due(store, todo, definitions, refused)
+            firings += new
+            prepared += [c for _, c in prepare_calls(store, new)]
         if not firings:
             break
-        replies = await calls.fire(store, firings, HISTORY_CAP, BUFFER_POLL_MS)
+        replies = await calls.fire_calls(store, prepared)
         todo = []
         for f, reply in zip(firings, replies, strict=True):
             if isinstance(reply, Exception):
@@ -341,6 +380,7 @@ async def fire_due(
                 todo.append((f.name, f.queue))
             else:
                 done.append((f, reply))
+        firings, prepared = [], []
     return done
 
 
