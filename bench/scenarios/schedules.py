@@ -20,6 +20,11 @@ with the run's ``--concurrency``) with and without the 1,000 schedules firing, a
 for a couple of seconds (B rounds) and then the queue is resumed and drained; tasks/s from the
 first completion to the last, as in ``drain``. The figure is the median with schedules over the
 median without.
+
+``schedules.drain_ratio_separate``: the same, with the firing leader in a worker process of its
+own (serving a queue with no task, started first so that it leads) beside the drain's worker:
+how much firing costs the other queues when it is not their worker's event loop that fires
+(both processes and Redis still share this machine's cores).
 """
 
 from __future__ import annotations
@@ -238,8 +243,12 @@ async def _fired_counters(r: Redis, n: int) -> list[int]:
     return [int(v or 0) for v in await pipe.execute()]
 
 
-async def _drain_round(env: Env, n_tasks: int, n_sched: int, warm_s: float) -> dict[str, float]:
-    """One drain of ``n_tasks`` no-op tasks, with ``n_sched`` schedules firing (0: none)."""
+async def _drain_round(
+    env: Env, n_tasks: int, n_sched: int, warm_s: float, separate: bool = False
+) -> dict[str, float]:
+    """One drain of ``n_tasks`` no-op tasks, with ``n_sched`` schedules firing (0: none). With
+    ``separate``, the firing leader is a second worker process (serving a queue of its own,
+    with no task), started first so that it leads; the drain's worker then fires nothing."""
     await env.flush()
     q = await env.queue()
     r = await env.redis()
@@ -248,8 +257,13 @@ async def _drain_round(env: Env, n_tasks: int, n_sched: int, warm_s: float) -> d
         await q.pause_queue("default")
         if n_sched:
             await put_schedules(q, n_sched)
-        worker = spawn_worker(env, concurrency=env.concurrency)
-        await _leader(worker, r)
+        if separate:
+            firer = spawn_worker(env, concurrency=1, queues=["firer"])
+            await _leader(firer, r)
+            worker = spawn_worker(env, concurrency=env.concurrency, queues=["default"])
+        else:
+            worker = spawn_worker(env, concurrency=env.concurrency)
+            await _leader(worker, r)
         await asyncio.sleep(warm_s)  # the same in both: B's firer settles, A just waits
 
         async def firing() -> bool:
@@ -297,12 +311,15 @@ async def _drain_round(env: Env, n_tasks: int, n_sched: int, warm_s: float) -> d
     }
 
 
-async def drain_run(env: Env, n_sched: int, n_tasks: int, order: str) -> Result:
-    """The drain with (B) and without (A) ``n_sched`` schedules firing, rounds in ``order``."""
+async def drain_run(
+    env: Env, n_sched: int, n_tasks: int, order: str, separate: bool = False
+) -> Result:
+    """The drain with (B) and without (A) ``n_sched`` schedules firing, rounds in ``order``;
+    ``separate``: the firing leader is another worker process (:func:`_drain_round`)."""
     rounds: list[tuple[str, dict[str, float]]] = []
     warm_s = 1.0 if env.quick else 2.5
     for kind in order:
-        res = await _drain_round(env, n_tasks, n_sched if kind == "B" else 0, warm_s)
+        res = await _drain_round(env, n_tasks, n_sched if kind == "B" else 0, warm_s, separate)
         rounds.append((kind, res))
     await env.flush()
     without = [res["rate"] for kind, res in rounds if kind == "A"]
@@ -315,8 +332,14 @@ async def drain_run(env: Env, n_sched: int, n_tasks: int, order: str) -> Result:
 
     cpu_a = cpu("A", "worker_us") + cpu("A", "redis_us")
     cpu_b = cpu("B", "worker_us") + cpu("B", "redis_us")
+    who = (
+        "one worker (--concurrency {c}) for 'default', and the firing leader in a worker "
+        "process of its own"
+        if separate
+        else "one worker (--concurrency {c}) that is also the firing leader"
+    ).format(c=env.concurrency)
     return Result(
-        "schedules.drain_ratio",
+        "schedules.drain_ratio_separate" if separate else "schedules.drain_ratio",
         figure="ratio",
         unit="x without",
         values={
@@ -339,8 +362,7 @@ async def drain_run(env: Env, n_sched: int, n_tasks: int, order: str) -> Result:
         ratios={"cpu_per_task_without": cpu_b / cpu_a if cpu_a else float("nan")},
         target=f">= {DRAIN_TARGET} (within 5 % of without)",
         met=ratio >= DRAIN_TARGET,
-        note=f"{n_tasks:,} no-op tasks on 'default', one worker (--concurrency "
-        f"{env.concurrency}) that is also the firing leader; rounds {'-'.join(order)} (A without, "
+        note=f"{n_tasks:,} no-op tasks on 'default', {who}; rounds {'-'.join(order)} (A without, "
         f"B with {n_sched:,} schedules every 1 s, ~{statistics.median(fps):,.0f} firings/s "
         f"during B's drains); medians {statistics.median(with_):,.0f} vs "
         f"{statistics.median(without):,.0f} tasks/s; worker + Redis CPU per drained task "
@@ -352,5 +374,7 @@ async def run(env: Env) -> list[Result]:
     n = env.n(1_000, 250)  # quick: still more than one of the firer's chunks (FIRE_CHUNK)
     seconds = env.n(20, 3)
     out = await lag_run(env, n, seconds)
-    out.append(await drain_run(env, n, env.n(40_000, 300), "AB" if env.quick else ORDER))
+    order = "AB" if env.quick else ORDER
+    out.append(await drain_run(env, n, env.n(40_000, 300), order))
+    out.append(await drain_run(env, n, env.n(40_000, 300), order, separate=True))
     return out
