@@ -1,4 +1,4 @@
-"""Fixtures shared by the integration tests that run real worker processes."""
+"""Fixtures shared by the integration tests: real worker processes, and the API in process."""
 
 from __future__ import annotations
 
@@ -8,7 +8,23 @@ from typing import Any
 
 import pytest
 
+from dtq.config import Settings
+from support.api import API_KEY, Api, api_settings, running_api
 from support.worker import WorkerProcess, write_task_module
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[Api]:
+    """The API with auth off (DTQ_API_KEY unset: local development)."""
+    async with running_api(api_settings(settings)) as running:
+        yield running
+
+
+@pytest.fixture
+async def api_auth(settings: Settings) -> AsyncIterator[Api]:
+    """The API with DTQ_API_KEY set (support.api.API_KEY)."""
+    async with running_api(api_settings(settings, api_key=API_KEY)) as running:
+        yield running
 
 
 @pytest.fixture

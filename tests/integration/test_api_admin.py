@@ -5,30 +5,16 @@ operation. A real worker (dtq.worker) dead-letters tasks and shows up in /worker
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 
 from dtq import keys
 from dtq.api.auth import key_id
-from dtq.config import Settings
 from support import running_worker, wait_until
-from support.api import API_KEY, Api, api_settings, error_of, running_api
+from support.api import API_KEY, Api, error_of
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.backends("single", "cluster")]
-
-
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[Api]:
-    async with running_api(api_settings(settings)) as running:
-        yield running
-
-
-@pytest.fixture
-async def api_auth(settings: Settings) -> AsyncIterator[Api]:
-    async with running_api(api_settings(settings, api_key=API_KEY)) as running:
-        yield running
 
 
 async def status_of(api: Api, task_id: str) -> str:

@@ -22,13 +22,6 @@ from support.api import Api, api_settings, error_of, running_api
 pytestmark = pytest.mark.asyncio
 
 
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[Api]:
-    """The API with auth off (DTQ_API_KEY unset: local development)."""
-    async with running_api(api_settings(settings)) as running:
-        yield running
-
-
 MB = 1024 * 1024
 
 

@@ -5,7 +5,6 @@ within 1 s of its first tick, nothing while paused, the catch-up policy on resum
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -17,23 +16,11 @@ from dtq.api.auth import key_id
 from dtq.clock import redis_time_ms
 from dtq.config import Settings
 from support import running_worker, wait_until
-from support.api import API_KEY, Api, api_settings, error_of, running_api
+from support.api import API_KEY, Api, api_settings, error_of
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.backends("single", "cluster")]
 
 DAILY = {"cron": "0 7 * * *", "tz": "Europe/Paris", "task_type": "api_echo", "payload": {"n": 1}}
-
-
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[Api]:
-    async with running_api(api_settings(settings)) as running:
-        yield running
-
-
-@pytest.fixture
-async def api_auth(settings: Settings) -> AsyncIterator[Api]:
-    async with running_api(api_settings(settings, api_key=API_KEY)) as running:
-        yield running
 
 
 def ms(iso: str) -> int:

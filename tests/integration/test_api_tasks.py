@@ -4,7 +4,6 @@ history and expire (extensions), idempotency header vs body, request ids, error 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,13 +15,6 @@ from dtq.config import Settings
 from support.api import Api, api_settings, error_of, running_api
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.backends("single", "cluster")]
-
-
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[Api]:
-    """The API with auth off (DTQ_API_KEY unset: local development)."""
-    async with running_api(api_settings(settings)) as running:
-        yield running
 
 
 # -- submit ---------------------------------------------------------------------------------------
