@@ -11,6 +11,7 @@ import time
 from dtq import Queue
 from dtq.clock import redis_time_ms
 from dtq.worker.firer import Firer
+from support import wait_until
 
 QUEUE = "planned"
 
@@ -94,8 +95,11 @@ async def test_a_plan_is_dropped_when_leadership_is_lost(queue: Queue) -> None:
     firer = Firer(queue.store, lambda: leader)
     at = await _until_planned(firer)
     leader = False
-    left_ms = at - await redis_time_ms(queue.store.redis)
-    await asyncio.sleep(max(0, left_ms) / 1000 + 0.05)
+
+    async def time_came() -> bool:
+        return await redis_time_ms(queue.store.redis) >= at + 50
+
+    await wait_until(time_came, 5, "the planned fire time")
     await firer.step()  # a follower fires only TAKEOVER_MS late: nothing yet
     assert firer.planned_for is None
     assert await _fired(queue, "follower") == {}

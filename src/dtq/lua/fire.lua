@@ -43,12 +43,12 @@
 local call = redis.call
 local h, khist, index = KEYS[1], KEYS[2], KEYS[3]
 local name = ARGV[1]
-if call('EXISTS', h) == 0 then
+local st = call('HMGET', h, 'rev', 'paused', 'overlap', 'last_task_id', 'buffered_ms', 'cursor',
+  'queue', 'task_type')
+if not st[1] then  -- every schedule hash has a rev: there is no such schedule
   call('ZREM', index, name)
   return {'gone'}
 end
-local st = call('HMGET', h, 'rev', 'paused', 'overlap', 'last_task_id', 'buffered_ms', 'cursor',
-  'queue', 'task_type')
 if st[1] ~= ARGV[2] then return {'stale', st[1]} end
 local mode = ARGV[3]
 local paused = st[2] == '1'

@@ -339,15 +339,13 @@ def prepare(
         task_type=entry.task_type,
         max_attempts=start.max_attempts,
     )
-    key = entry.idempotency_key
-    if key and key.startswith("schedule:"):
-        fired = firing_of(key)
-        if fired is not None:
-            name, tick_ms = fired
-            tick_ms = tick_ms if tick_ms is not None else start.created_ms
-            ctx = replace(
-                ctx, schedule=name, scheduled_for=None if tick_ms is None else ms_to_dt(tick_ms)
-            )
+    fired = firing_of(entry.idempotency_key)
+    if fired is not None:
+        name, tick_ms = fired
+        tick_ms = tick_ms if tick_ms is not None else start.created_ms
+        ctx = replace(
+            ctx, schedule=name, scheduled_for=None if tick_ms is None else ms_to_dt(tick_ms)
+        )
     return Prepared(handler, payload, ctx, timeout_ms / 1000)
 
 
