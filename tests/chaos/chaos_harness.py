@@ -42,7 +42,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dtq import keys
 from dtq.config import Settings
 from dtq.devserver import RedisServer, free_port, start_redis
-from support import wait_until
+from support import wait_until, wait_until_sync
 
 CHAOS_DIR = Path(__file__).resolve().parent
 REPO = CHAOS_DIR.parents[1]
@@ -178,6 +178,13 @@ class Cluster:
         if persistent:
             client = sync_redis.Redis.from_url(self.url)
             try:
+                # A restarted server answers PING while it still loads its AOF, and refuses
+                # CONFIG SET until it is done (a busy machine makes the load take long).
+                wait_until_sync(
+                    lambda: client.info("persistence").get("loading") == 0,
+                    30,
+                    "Redis done loading its data",
+                )
                 client.config_set("appendfsync", fsync)
             finally:
                 client.close()
