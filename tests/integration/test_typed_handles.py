@@ -14,7 +14,15 @@ from redis.asyncio import Redis
 from dtq import Queue, SyncQueue, keys
 from dtq.config import Settings
 from dtq.errors import IdempotencyInProgressError, InvalidTaskError
-from dtq_tasks import AsyncTaskDef, SyncTaskDef, TaskContext, TaskHandle, task
+from dtq_tasks import (
+    AsyncTaskDef,
+    Handler,
+    SyncTaskDef,
+    TaskContext,
+    TaskHandle,
+    get_handler,
+    task,
+)
 
 
 class Resize(BaseModel):
@@ -52,6 +60,12 @@ async def test_a_definition_is_still_the_handler() -> None:
     assert await tt_resize({"url": "u", "width": 3}, ctx) == Thumb(url="u#3", width=3)
     assert tt_pair({"a": 1, "b": 2}, ctx) == (1, 2)
     assert tt_resize.__name__ == "tt_resize" and tt_resize.__wrapped__ is tt_resize.fn
+    # The worker runs the function: what is registered, and a Handler built from a definition.
+    assert get_handler("tt_resize") == Handler("tt_resize", tt_resize.fn, Resize)
+    built = Handler("x", tt_resize)
+    assert built.fn is tt_resize.fn and built.is_async
+    # A definition registered again (a module reloaded) registers its function.
+    assert task("tt_pair")(tt_pair).fn is tt_pair.fn
 
 
 async def test_submit_a_model_instance_with_options(queue: Queue, r: Redis) -> None:
