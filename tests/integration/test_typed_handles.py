@@ -1,4 +1,4 @@
-"""Typed task handles (docs/sdk.md, "Typed task handles"): a ``@task`` definition submits
+"""Typed task handles (README.md, "Typed task handles"): a ``@task`` definition submits
 itself with its payload and options checked, and its handle's ``result()`` gives the handler's
 return value as the handler's return type, from a real worker on a real Redis."""
 
