@@ -1,4 +1,4 @@
-"""Typed task definitions and handles: what ``@task`` gives back (docs/sdk.md, "Typed task
+"""Typed task definitions and handles: what ``@task`` gives back (README.md, "Typed task
 handles").
 
 ::
