@@ -1,4 +1,4 @@
-"""Typed task definitions and handles: what ``@task`` gives back (README.md, "Typed task
+"""Typed task definitions and handles: what ``@task`` gives back (docs/sdk.md, "Typed task
 handles").
 
 ::
@@ -40,6 +40,7 @@ from pydantic import BaseModel, TypeAdapter
 from dtq.client import Queue, SyncQueue
 from dtq.errors import InvalidTaskError
 from dtq.models import SubmitOptions, Task, validate_payload
+from dtq.waits import DEFAULT_WAIT_S
 
 __all__ = ["AsyncTaskDef", "SyncTaskDef", "SyncTaskHandle", "TaskDef", "TaskHandle"]
 
@@ -64,6 +65,16 @@ class TaskHandle(Generic[R_co]):
     def task_id(self) -> str:
         return self.task.task_id
 
+    # ``timeout`` is the wait's own deadline, as in Queue.wait (not a cancellation scope).
+    async def wait(self, *, timeout: float = DEFAULT_WAIT_S) -> Task:  # noqa: ASYNC109
+        """The task once terminal (:meth:`dtq.Queue.wait`)."""
+        return await self.queue.wait(self.task.task_id, timeout=timeout)
+
+    async def result(self, *, timeout: float = DEFAULT_WAIT_S) -> R_co:  # noqa: ASYNC109
+        """The handler's result as its return type (:meth:`dtq.Queue.result` raises for a
+        task that did not succeed)."""
+        return self._result_of(await self.queue.result(self.task.task_id, timeout=timeout))
+
     def __repr__(self) -> str:
         return f"TaskHandle({self.task.task_type!r}, {self.task.task_id!r})"
 
@@ -79,6 +90,12 @@ class SyncTaskHandle(Generic[R_co]):
     @property
     def task_id(self) -> str:
         return self.task.task_id
+
+    def wait(self, *, timeout: float = DEFAULT_WAIT_S) -> Task:
+        return self.queue.wait(self.task.task_id, timeout=timeout)
+
+    def result(self, *, timeout: float = DEFAULT_WAIT_S) -> R_co:
+        return self._result_of(self.queue.result(self.task.task_id, timeout=timeout))
 
     def __repr__(self) -> str:
         return f"SyncTaskHandle({self.task.task_type!r}, {self.task.task_id!r})"

@@ -1,28 +1,33 @@
-"""Typed task handles (README.md, "Typed task handles"): a ``@task`` definition submits
+"""Typed task handles (docs/sdk.md, "Typed task handles"): a ``@task`` definition submits
 itself with its payload and options checked, and its handle's ``result()`` gives the handler's
 return value as the handler's return type, from a real worker on a real Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.asyncio import Redis
 
 from dtq import Queue, SyncQueue, keys
 from dtq.config import Settings
-from dtq.errors import IdempotencyInProgressError, InvalidTaskError
+from dtq.errors import IdempotencyInProgressError, InvalidTaskError, TaskFailed
 from dtq_tasks import (
     AsyncTaskDef,
     Handler,
+    PermanentError,
     SyncTaskDef,
     TaskContext,
     TaskHandle,
     get_handler,
+    registry,
     task,
 )
+from support import running_worker
+from support.worker import fast
 
 
 class Resize(BaseModel):
@@ -45,6 +50,17 @@ async def tt_resize(payload: dict[str, Any], ctx: TaskContext) -> Thumb:
 @task("tt_pair")
 def tt_pair(payload: dict[str, Any], ctx: TaskContext) -> tuple[int, int]:
     return payload["a"], payload["b"]
+
+
+@task("tt_refuse")
+async def tt_refuse(payload: dict[str, Any], ctx: TaskContext) -> int:
+    raise PermanentError("refused on purpose")
+
+
+def _workers(settings: Settings) -> Any:
+    """An in-process worker running this module's handlers."""
+    names = ("tt_resize", "tt_pair", "tt_refuse")
+    return running_worker(fast(settings), {n: registry()[n] for n in names})
 
 
 async def _stored_payload(r: Redis, task_id: str) -> Any:
@@ -118,3 +134,58 @@ def test_submit_through_a_sync_queue(settings: Settings) -> None:
         with pytest.raises(IdempotencyInProgressError) as caught:
             tt_resize.submit_fields_sync(sq, {"url": "u", "width": 2}, idempotency_key="tt-1")
         assert caught.value.details["task_id"] == handle.task_id
+
+
+# -- waiting for the typed result ---------------------------------------------------------------
+
+
+async def test_result_has_the_handlers_return_type(settings: Settings, queue: Queue) -> None:
+    thumb_h = await tt_resize.submit(queue, Resize(url="u", width=5))
+    pair_h = await tt_pair.submit(queue, {"a": 1, "b": 2})
+    refused = await tt_refuse.submit(queue, {}, max_attempts=1)
+    async with _workers(settings):
+        thumb = await thumb_h.result(timeout=10)
+        assert isinstance(thumb, Thumb) and thumb == Thumb(url="u#5", width=5)
+        assert await pair_h.result(timeout=10) == (1, 2)  # a tuple, as annotated
+        done = await thumb_h.wait(timeout=5)
+        assert done.task_id == thumb_h.task_id and done.status == "succeeded"
+        # The worker stored the returned model as its JSON.
+        assert done.result == {"url": "u#5", "width": 5}
+        with pytest.raises(TaskFailed) as caught:
+            await refused.result(timeout=10)
+        assert caught.value.error_message == "refused on purpose"
+
+
+async def test_a_sync_handle_blocks_until_the_result(settings: Settings) -> None:
+    def produce() -> tuple[int, int]:
+        with SyncQueue(settings=settings) as sq:
+            handle = tt_pair.submit_sync(sq, {"a": 3, "b": 4})
+            assert handle.wait(timeout=10).status == "succeeded"
+            return handle.result(timeout=10)
+
+    async with _workers(settings):
+        assert await asyncio.to_thread(produce) == (3, 4)
+
+
+# -- how a stored result becomes the return type -------------------------------------------------
+
+
+def test_result_of_follows_the_return_annotation() -> None:
+    assert tt_resize.result_of({"url": "u", "width": 1}) == Thumb(url="u", width=1)
+    assert tt_pair.result_of([1, 2]) == (1, 2)
+    with pytest.raises(ValidationError):
+        tt_resize.result_of({"url": "u"})
+
+    def untyped(payload: dict[str, Any], ctx: TaskContext):  # type: ignore[no-untyped-def]
+        return [1]
+
+    def anything(payload: dict[str, Any], ctx: TaskContext) -> Any:
+        return [1]
+
+    def unresolvable(payload: dict[str, Any], ctx: TaskContext) -> NotImportedHere:  # type: ignore[name-defined]  # noqa: F821
+        return [1]
+
+    for fn in (untyped, anything, unresolvable):
+        defn = SyncTaskDef[Any, Any, Any]("tt_plain", fn, None)
+        value = {"kept": ["as", "json"]}
+        assert defn.result_of(value) is value
