@@ -244,7 +244,7 @@ def task(
     The decorated name is a typed definition that calls the handler when called and submits
     the task with its payload typed: ``await fn.submit(q, payload, **options)`` returns a
     :class:`dtq_tasks.typed.TaskHandle` whose ``result()`` has the handler's return type
-    (README.md, "Typed task handles").
+    (docs/sdk.md, "Typed task handles").
     """
     if not isinstance(name, str) or not TASK_TYPE_RE.fullmatch(name):
         raise TaskRegistrationError(
