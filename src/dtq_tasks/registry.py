@@ -176,8 +176,8 @@ class TaskDecorator(Generic[PayloadT]):
         self.payload_model = payload_model
         self.schedule = schedule
 
-    # An async handler also matches the second signature (R = a coroutine); overloads are
-    # tried in order, so it takes the first, which is what mypy's overlap warning is about.
+    # An async handler matches both signatures (in the second, R is its coroutine), which
+    # mypy flags as an overlap; overloads are tried in order, so it gets the first.
     @overload
     def __call__(  # type: ignore[overload-overlap]
         self, fn: Callable[P, Coroutine[Any, Any, R]], /
