@@ -41,8 +41,10 @@ from dtq.retry import PayloadDecodeError, classify, next_retry_delay_s, sanitize
 from dtq.schedules import firing_of
 from dtq.store import Store, ms_to_dt
 from dtq.worker.outage import TRANSIENT
+from dtq.worker.progress import ProgressReporter
 from dtq.worker.threads import ThreadJob, ThreadRunner
 from dtq_tasks import Handler, RescheduleError, TaskCancelled, TaskContext, TimeLimitExceeded
+from dtq_tasks.registry import ProgressFn
 
 __all__ = [
     "INTERRUPT_GRACE_S",
@@ -145,16 +147,37 @@ class Runner:
         self.clock = clock
         self.threads = threads
         self._rng = rng
+        self.progress = ProgressReporter(store, worker_id)
 
     async def run(self, ex: Execution) -> Outcome | None:
         """Run one started entry's handler; None when it was stopped for shutdown or a lost
         lease (nothing is recorded: the entry stays pending for a peer)."""
         entry, start, settings = ex.entry, ex.start, self.settings
         call = prepare(
-            entry, start, self.handlers.get(entry.task_type), self.worker_id, settings, self._rng
+            entry,
+            start,
+            self.handlers.get(entry.task_type),
+            self.worker_id,
+            settings,
+            self._rng,
+            self.progress.report,
         )
         if isinstance(call, Outcome):
             return call
+        self.progress.open(ex)
+        outcome: Outcome | None = None
+        try:
+            outcome = await self._run(ex, call)
+        finally:
+            reported = self.progress.end(ex)
+            if reported is not None and outcome is None:
+                reported.stop()  # no finish follows: nothing more is written
+        if reported is not None and outcome is not None:
+            await reported.close()  # before the finish: its last value, and nothing after it
+        return outcome
+
+    async def _run(self, ex: Execution, call: Prepared) -> Outcome | None:
+        start, settings = ex.start, self.settings
         t0 = time.monotonic()
         ex.handler_task = asyncio.create_task(self._call(ex, call))
         if ex.cancel_reason is not None:  # cancelled before the handler got going
@@ -310,6 +333,7 @@ def prepare(
     worker_id: str,
     settings: Settings,
     rng: random.Random,
+    progress: ProgressFn | None = None,
 ) -> Prepared | Outcome:
     """The call of ``entry``'s handler, or the outcome of an entry that cannot run."""
     if handler is None:
@@ -338,6 +362,7 @@ def prepare(
         expires_at=None if start.expires_at_ms is None else ms_to_dt(start.expires_at_ms),
         task_type=entry.task_type,
         max_attempts=start.max_attempts,
+        _progress=progress,
     )
     fired = firing_of(entry.idempotency_key)
     if fired is not None:
