@@ -183,8 +183,11 @@ async def test_a_stale_workers_progress_does_not_land(
     await start_as(r, entry, "worker-zombie00", settings)
     db = backend(r, settings)
     assert (await calls.progress(db, entry, 1, "worker-zombie00", 0.1, "null")).written
-    # The entry is reclaimed by worker-other000 and started again (attempt 2).
+    # The entry is reclaimed by worker-other000 (its start not run yet: the hash still names
+    # the zombie's attempt, the pending list does not), then started again (attempt 2).
     await r.xclaim(entry.stream, keys.CONSUMER_GROUP, "worker-other000", 0, [entry.entry_id])
+    reply = await calls.progress(db, entry, 1, "worker-zombie00", 0.8, '"claimed"')
+    assert not reply.written and reply.detail == "owner:worker-other000", reply
     assert (await start_as(r, entry, "worker-other000", settings)).attempt == 2
     before = await r.hgetall(keys.task(task.task_id))
     async with Events(r) as events:
@@ -205,7 +208,7 @@ async def test_a_stale_workers_progress_does_not_land(
 
 
 async def test_no_progress_lands_once_the_task_has_ended(
-    settings: Settings, r: Redis, queue: Queue
+    settings: Settings, r: Redis, queue: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sync handler's thread that reports after its attempt ended writes nothing."""
     ended = threading.Event()
@@ -220,6 +223,7 @@ async def test_no_progress_lands_once_the_task_has_ended(
         task = await queue.submit("pg_quick", {})
         await wait_status(r, task.task_id, "succeeded")
         before = await r.hget(keys.task(task.task_id), "progress")
+        sent = count_sends(monkeypatch)
         async with Events(r) as events:
 
             def late() -> None:
@@ -234,7 +238,22 @@ async def test_no_progress_lands_once_the_task_has_ended(
             thread.join(5)
             await asyncio.sleep(PROGRESS_INTERVAL_S)  # a write, were one scheduled, is sent
         assert events.of("TASK_PROGRESS") == []
+        assert sent == [], "the worker sent nothing for an attempt that has ended"
     assert await r.hget(keys.task(task.task_id), "progress") == before
+
+
+def count_sends(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The task ids of the progress writes the worker sends from now (progress.lua would fence
+    a late one anyway: this sees that the worker does not even send it)."""
+    sent: list[str] = []
+    real = calls.progress
+
+    async def spy(db: Any, entry: Any, *args: Any) -> calls.ProgressReply:
+        sent.append(entry.task_id)
+        return await real(db, entry, *args)
+
+    monkeypatch.setattr(calls, "progress", spy)
+    return sent
 
 
 # -- arguments ------------------------------------------------------------------------------------
