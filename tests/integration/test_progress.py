@@ -6,6 +6,7 @@ bad argument is the handler's ValueError; a retry's next attempt starts without 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from typing import Any
@@ -201,10 +202,12 @@ async def test_a_stale_workers_progress_does_not_land(
         assert await r.hgetall(keys.task(task.task_id)) == before
         assert (await queue.get(task.task_id)).progress is None, "attempt 1's is not shown"
         assert events.of("TASK_PROGRESS") == []
-        reply = await calls.progress(db, entry, 2, "worker-other000", 0.3, '{"ok":true}')
+        exact = '{"n":12345678901234567,"list":[],"s":"\u00e9\\""}'
+        reply = await calls.progress(db, entry, 2, "worker-other000", 0.3, exact)
         assert reply.written
-        await events.wait_for("TASK_PROGRESS", task.task_id)
-    assert await progress_of(queue, task.task_id) == (0.3, {"ok": True})
+        [event] = await events.wait_for("TASK_PROGRESS", task.task_id)
+    assert await progress_of(queue, task.task_id) == (0.3, json.loads(exact)), "kept exactly"
+    assert event.metadata["fraction"] == 0.3 and event.metadata["data"]["s"] == 'é"'
 
 
 async def test_no_progress_lands_once_the_task_has_ended(

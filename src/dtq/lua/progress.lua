@@ -12,8 +12,9 @@
 -- task's (a retry's next attempt starts without progress), and the next call replaces it.
 --
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = the entry's stream
--- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] attempt
--- ARGV[6] fraction as JSON ("null" or a number from 0 to 1)  [7] data as JSON
+-- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] attempt (digits)
+-- ARGV[6] fraction as JSON ("null" or a number from 0 to 1)  [7] data as compact JSON (both
+-- checked by the worker: dtq.models.check_progress)
 -- ARGV[8] events channel  [9] event_id
 -- Returns {"ok", updated_at} | {"fenced", why}
 local entry_id, worker, group = ARGV[2], ARGV[3], ARGV[4]
@@ -37,9 +38,11 @@ if tonumber(h[3]) ~= attempt then return {'fenced', 'attempt'} end
 if h[4] ~= worker then return {'fenced', 'worker'} end
 
 local ts = iso(now_ms())
-local fraction, data = cjson.decode(ARGV[6]), cjson.decode(ARGV[7])
-redis.call('HSET', KEYS[1], 'progress',
-  cjson.encode({fraction = fraction, data = data, updated_at = ts, attempt = attempt}))
+-- The field is spliced from the worker's JSON, so the data is kept exactly; the event's
+-- metadata goes through cjson like every event's (numbers keep 14 significant digits, an
+-- empty array reads as {}).
+redis.call('HSET', KEYS[1], 'progress', '{"fraction":' .. ARGV[6] .. ',"data":' .. ARGV[7]
+  .. ',"updated_at":"' .. ts .. '","attempt":' .. ARGV[5] .. '}')
 emit(ARGV[8], ARGV[9], ts, 'TASK_PROGRESS', ARGV[1], h[5], h[6], attempt, worker,
-  {fraction = fraction, data = data})
+  {fraction = cjson.decode(ARGV[6]), data = cjson.decode(ARGV[7])})
 return {'ok', ts}
