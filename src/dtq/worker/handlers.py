@@ -147,7 +147,7 @@ class Runner:
         self.clock = clock
         self.threads = threads
         self._rng = rng
-        self.progress = ProgressReporter(store, worker_id)
+        self.progress = ProgressReporter(store, worker_id)  # ctx.progress() of every execution
 
     async def run(self, ex: Execution) -> Outcome | None:
         """Run one started entry's handler; None when it was stopped for shutdown or a lost
@@ -164,20 +164,6 @@ class Runner:
         )
         if isinstance(call, Outcome):
             return call
-        self.progress.open(ex)
-        outcome: Outcome | None = None
-        try:
-            outcome = await self._run(ex, call)
-        finally:
-            reported = self.progress.end(ex)
-            if reported is not None and outcome is None:
-                reported.stop()  # no finish follows: nothing more is written
-        if reported is not None and outcome is not None:
-            await reported.close()  # before the finish: its last value, and nothing after it
-        return outcome
-
-    async def _run(self, ex: Execution, call: Prepared) -> Outcome | None:
-        start, settings = ex.start, self.settings
         t0 = time.monotonic()
         ex.handler_task = asyncio.create_task(self._call(ex, call))
         if ex.cancel_reason is not None:  # cancelled before the handler got going

@@ -65,10 +65,18 @@ class ProgressReporter:
             self._loop_thread = threading.get_ident()
         self._open[ex.entry.task_id] = ex
 
-    def end(self, ex: Execution) -> TaskProgress | None:
+    def end(self, ex: Execution, *, stop: bool = False) -> TaskProgress | None:
         """``ex``'s handler has ended: its reports count no more. Returns its
-        :class:`TaskProgress` when it reported (to :meth:`TaskProgress.close` before the finish,
-        or :meth:`TaskProgress.stop` when none follows), else None."""
+        :class:`TaskProgress` when it reported, to :meth:`TaskProgress.close` before the
+        finish (with ``stop``, stopped here: no finish follows), else None."""
+        if self._open.get(ex.entry.task_id) is None:
+            return None  # ended already (a report only replaces a registered execution)
+        held = self._take(ex)
+        if held is not None and stop:
+            held.stop()
+        return held
+
+    def _take(self, ex: Execution) -> TaskProgress | None:
         with self._lock:
             held = self._open.get(ex.entry.task_id)
             if held is ex:
@@ -217,8 +225,8 @@ class TaskProgress:
         return value
 
     async def close(self) -> None:
-        """The attempt's finish follows: the value still waiting is written (after a write
-        under way; :data:`TRAILING_WRITE_S` at most), and nothing after this returns."""
+        """The attempt's finish follows: the value still waiting is written, after a write
+        under way (:data:`TRAILING_WRITE_S` at most); nothing is written after this returns."""
         value = self.stop()
         writing = self._writing
         try:
