@@ -159,8 +159,11 @@ class TaskProgress:
             self.scheduled = True
         if threading.get_ident() == self._loop_thread:
             self._schedule()
-        else:
+            return
+        try:
             self._loop.call_soon_threadsafe(self._schedule)
+        except RuntimeError:  # the loop has closed (a thread that outlived its worker)
+            self.closed = True
 
     def _schedule(self) -> None:
         """On the loop: write now, or when the interval since the last write has passed."""
