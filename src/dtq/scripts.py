@@ -77,6 +77,7 @@ SCRIPT_NAMES = (
     "fire",
     "schedule_put",
     "schedule_set",
+    "wait",
     "progress",
 )
 
