@@ -95,7 +95,8 @@ async def _thousand_waiters(env: Env) -> Result:
                 break
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.2)  # every waiter has joined a read
-        clients = int((await r.info("clients"))["connected_clients"])
+        info = await r.info("clients")
+        blocked, clients = int(info["blocked_clients"]), int(info["connected_clients"])
         spawn_worker(env, concurrency=env.concurrency, queues=["waited"])
         await asyncio.gather(*waiters)
         last_result = time.time() * 1000
