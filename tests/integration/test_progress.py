@@ -126,6 +126,27 @@ async def test_the_api_task_body_and_the_websocket_show_progress(
     assert plain["progress"] is None
 
 
+async def test_a_producers_wait_returns_the_last_progress(settings: Settings, queue: Queue) -> None:
+    """The last report is written before the finish, so the task a wait returns has it."""
+    first_seen = threading.Event()
+
+    def two_steps(payload: dict[str, Any], ctx: TaskContext) -> None:
+        ctx.progress(0.5)
+        assert first_seen.wait(10)
+        ctx.progress(1, {"i": 100})  # within the interval of the first: a trailing write
+
+    async with running_worker(fast(settings), handlers(pg_two=two_steps)):
+        task = await queue.submit("pg_two", {})
+        await reaches(queue, task.task_id, 0.5, None)
+        first_seen.set()
+        done = await queue.wait(task.task_id, timeout=15)
+    assert done.status == "succeeded"
+    assert done.progress is not None and (done.progress.fraction, done.progress.data) == (
+        1.0,
+        {"i": 100},
+    )
+
+
 # -- throttling -----------------------------------------------------------------------------------
 
 
