@@ -52,6 +52,7 @@ __all__ = [
     "Firing",
     "LostEntry",
     "Outcome",
+    "ProgressReply",
     "PromoteReply",
     "PurgeCandidate",
     "QueuePurged",
@@ -79,6 +80,7 @@ __all__ = [
     "lock",
     "new_id",
     "parse_read",
+    "progress",
     "promote_many",
     "purge_queue",
     "read",
@@ -1556,3 +1558,44 @@ async def wait_check(db: Backend, task_ids: Sequence[str]) -> dict[str, int]:
             raise reply
         out.update(zip(group, (int(x) for x in reply), strict=True))
     return out
+
+
+# -- progress.lua -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressReply:
+    """progress.lua's answer: ``written`` (then ``detail`` is its ``updated_at``), or not:
+    fenced, the attempt is no longer this worker's running one (``detail`` says why)."""
+
+    written: bool
+    detail: str
+
+
+async def progress(
+    db: Backend,
+    entry: Entry,
+    attempt: int,
+    worker_id: str,
+    fraction: float | None,
+    data_json: str,
+) -> ProgressReply:
+    """progress.lua: store ``entry``'s task's latest progress (``data_json``: compact JSON) and
+    publish TASK_PROGRESS, fenced to this worker's running ``attempt``."""
+    kind, detail = await db.scripts.call(
+        db.redis,
+        "progress",
+        [keys.task(entry.task_id), entry.stream],
+        [
+            entry.task_id,
+            entry.entry_id,
+            worker_id,
+            keys.CONSUMER_GROUP,
+            attempt,
+            "null" if fraction is None else repr(fraction),
+            data_json,
+            queue_keys(entry.queue).events,
+            new_id(),
+        ],
+    )
+    return ProgressReply(str(kind) == "ok", str(detail))

@@ -38,12 +38,14 @@ __all__ = [
     "MAX_DELAY_S",
     "METADATA_MAX_BYTES",
     "NOT_STARTED",
+    "PROGRESS_DATA_MAX_BYTES",
     "QUEUE_RE",
     "SUBMIT_OPTIONS",
     "TASK_ID_RE",
     "TERMINAL",
     "TRANSITIONS",
     "HistoryEntry",
+    "Progress",
     "SubmitItem",
     "SubmitOptions",
     "SubmitRequest",
@@ -51,6 +53,7 @@ __all__ = [
     "TaskStatus",
     "can_transition",
     "check_list_limit",
+    "check_progress",
     "check_queue_name",
     "check_status",
     "compact_json",
@@ -169,6 +172,8 @@ EVENT_TYPES = (
     # not to (overlap, missed ticks).
     "SCHEDULE_FIRED",
     "SCHEDULE_SKIPPED",
+    # Deliberate extension (docs/handlers.md, "Progress"): a running handler's ctx.progress().
+    "TASK_PROGRESS",
 )
 
 
@@ -510,6 +515,59 @@ class HistoryEntry(BaseModel):
         return cls(**data, worker_id=worker, details=details)
 
 
+PROGRESS_DATA_MAX_BYTES = 4096
+"""The most UTF-8 bytes of the compact JSON of one ``ctx.progress(..., data=...)``."""
+
+
+def check_progress(fraction: object, data: object) -> tuple[float | None, str]:
+    """The arguments of ``ctx.progress(fraction, data)`` as stored: the fraction (None or a
+    number in [0, 1]) and the compact JSON of ``data`` (at most
+    :data:`PROGRESS_DATA_MAX_BYTES`); else ValueError saying what is wrong."""
+    if fraction is not None:
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise ValueError(
+                f"progress fraction must be None or a number from 0 to 1, not {fraction!r}"
+            )
+        if not 0 <= fraction <= 1:  # NaN fails both comparisons
+            raise ValueError(f"progress fraction must be from 0 to 1, not {fraction!r}")
+        fraction = float(fraction)
+    try:
+        data_json = compact_json(data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"progress data is not JSON-serialisable: {exc}") from None
+    size = len(data_json.encode())
+    if size > PROGRESS_DATA_MAX_BYTES:
+        raise ValueError(
+            f"progress data is {size} bytes of JSON, more than {PROGRESS_DATA_MAX_BYTES}"
+        )
+    return fraction, data_json
+
+
+class Progress(BaseModel):
+    """The latest ``ctx.progress()`` of a task's current attempt (``updated_at``: when the
+    worker wrote it, Redis clock; docs/handlers.md, "Progress")."""
+
+    fraction: float | None = None
+    data: Any = None
+    updated_at: datetime
+
+    @classmethod
+    def from_field(cls, raw: str | None, attempt: int) -> Progress | None:
+        """The hash's ``progress`` field, or None when there is none or it was written by an
+        earlier attempt (a new attempt starts without progress)."""
+        if not raw:
+            return None
+        try:
+            doc = json.loads(raw)
+            if not isinstance(doc, dict) or doc.get("attempt") != attempt:
+                return None
+            return cls(
+                fraction=doc.get("fraction"), data=doc.get("data"), updated_at=doc["updated_at"]
+            )
+        except (ValueError, KeyError, ValidationError):  # a foreign write: not shown
+            return None
+
+
 class Task(BaseModel):
     """A task as stored in ``dtq:task:<task_id>``, with its execution metadata."""
 
@@ -545,6 +603,7 @@ class Task(BaseModel):
     # (DTQ_RESULT_RETENTION_S shorter than DTQ_TASK_RETENTION_S): ``result`` is None for that.
     result_expired: bool = False
     duplicate: bool = False
+    progress: Progress | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -566,6 +625,7 @@ class Task(BaseModel):
             return None if v is None else int(v)
 
         retryable = opt("retryable")
+        attempt = int(h.get("attempt") or 0)
         return cls(
             task_id=h["task_id"],
             idempotency_key=opt("idempotency_key"),
@@ -574,7 +634,7 @@ class Task(BaseModel):
             created_at=h["created_at"],
             available_at=h.get("available_at") or h["created_at"],
             updated_at=opt("updated_at"),
-            attempt=int(h.get("attempt") or 0),
+            attempt=attempt,
             max_attempts=int(h["max_attempts"]),
             priority=int(h["priority"]),
             timeout_ms=int(h["timeout_ms"]),
@@ -596,6 +656,7 @@ class Task(BaseModel):
             result=json.loads(result) if result else None,
             result_truncated=h.get("result_truncated") == "1",
             result_expired=not result and h.get("result_stored") == "1",
+            progress=Progress.from_field(h.get("progress"), attempt),
         )
 
     def public_dict(self) -> dict[str, Any]:

@@ -78,6 +78,7 @@ SCRIPT_NAMES = (
     "schedule_put",
     "schedule_set",
     "wait",
+    "progress",
 )
 
 # Scripts that run another script's code as a local function: fire.lua makes a tick's task

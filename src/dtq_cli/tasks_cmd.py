@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from dtq.errors import TaskRunningError
-from dtq.models import NOT_STARTED, SUBMIT_OPTIONS, HistoryEntry, Task, TaskStatus
+from dtq.models import NOT_STARTED, SUBMIT_OPTIONS, HistoryEntry, Progress, Task, TaskStatus
 from dtq_cli.context import Ctx
 from dtq_cli.output import STATUS_COLOUR, fmt_dt, json_dt, relative
 
@@ -24,6 +24,7 @@ __all__ = [
     "history_document",
     "history_line",
     "list_tasks",
+    "progress_text",
     "status",
     "status_document",
     "submit",
@@ -54,6 +55,28 @@ def expires_text(task: Task, now: datetime) -> str:
 
 def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+PROGRESS_BAR_CELLS = 20
+PROGRESS_DATA_CHARS = 60  # of the data's JSON, in the status view
+
+
+def progress_text(progress: Progress, now: datetime) -> str:
+    """``[##########..........] 50% {"step":"resize"} (updated 2s ago)``: a bar when the
+    handler gave a fraction, the data's JSON (shortened) when it gave some."""
+    parts = []
+    if progress.fraction is not None:
+        f = progress.fraction + 1e-9  # 0.29 * 100 is 28.999...: floored, it would say 28%
+        filled = min(PROGRESS_BAR_CELLS, int(f * PROGRESS_BAR_CELLS))
+        bar = "#" * filled + "." * (PROGRESS_BAR_CELLS - filled)
+        parts.append(f"[{bar}] {min(100, int(f * 100))}%")
+    if progress.data is not None:
+        data = _compact(progress.data)
+        if len(data) > PROGRESS_DATA_CHARS:
+            data = data[: PROGRESS_DATA_CHARS - 3] + "..."
+        parts.append(data)
+    parts.append(f"(updated {relative(progress.updated_at, now)})")
+    return " ".join(parts)
 
 
 # -- submit --------------------------------------------------------------------------------------
@@ -126,6 +149,7 @@ async def get(ctx: Ctx) -> int:
         ("payload", _compact(t.payload)),
         ("metadata", _compact(t.metadata)),
         ("result", "-" if t.result is None else _compact(t.result)),
+        ("progress", "-" if t.progress is None else progress_text(t.progress, now)),
     ]
     if t.result_truncated:
         rows.append(("result_truncated", "yes (larger than DTQ_RESULT_MAX_BYTES, not stored)"))
@@ -139,6 +163,7 @@ def status_document(task: Task, now: datetime) -> dict[str, Any]:
         "task_id", "task_type", "status", "queue", "priority", "attempt", "max_attempts",
         "created_at", "available_at", "updated_at", "started_at", "finished_at", "worker_id",
         "expires_at", "expired_at", "cancel_requested", "error_class", "error_message",
+        "progress",
     )  # fmt: skip
     doc = {k: full[k] for k in keys}
     doc["expires_in_s"] = (
@@ -174,6 +199,8 @@ async def status(ctx: Ctx) -> int:
         rows.append(("expired_at", _when(t.expired_at, now)))
     if t.worker_id:
         rows.append(("worker", t.worker_id))
+    if t.progress is not None:
+        rows.append(("progress", progress_text(t.progress, now)))
     if t.cancel_requested and t.status == TaskStatus.RUNNING:
         rows.append(("cancel", "requested, the worker is stopping it"))
     if t.error_class or t.error_message:

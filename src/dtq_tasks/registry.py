@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -17,13 +17,14 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from pydantic import BaseModel
 
 from dtq.errors import InvalidTaskError
-from dtq.models import QUEUE_RE, TASK_TYPE_RE
+from dtq.models import QUEUE_RE, TASK_TYPE_RE, check_progress
 from dtq.schedules import ScheduleDef
 from dtq_tasks.typed import AsyncTaskDef, SyncTaskDef, TaskDef
 
 __all__ = [
     "Handler",
     "HandlerFn",
+    "ProgressFn",
     "ScheduleDecl",
     "TaskContext",
     "TaskDecorator",
@@ -41,6 +42,9 @@ M = TypeVar("M", bound=BaseModel)
 PayloadT = TypeVar("PayloadT")
 R = TypeVar("R")
 P = ParamSpec("P")
+ProgressFn = Callable[["TaskContext", float | None, str], None]
+"""What a worker gives a context to record progress with: (the context, the fraction, the
+data's compact JSON), called from the handler's thread or the event loop's; never blocks."""
 
 
 class TaskRegistrationError(ValueError):
@@ -55,6 +59,8 @@ class TaskContext:
     clock); ``expires_at`` is the task's own deadline (None when it has none). A task that has
     started runs to completion even past ``expires_at``: a handler that prefers to give up can
     compare it with the time and raise :class:`dtq_tasks.PermanentError`.
+
+    :meth:`progress` reports how far the handler is (docs/handlers.md, "Progress").
     """
 
     task_id: str
@@ -70,6 +76,20 @@ class TaskContext:
     # for (a manual firing: when it was triggered). None for any other task.
     schedule: str | None = None
     scheduled_for: datetime | None = None
+    # The worker's progress reporter; None (a context made by hand, a unit test): progress()
+    # checks its arguments and records nothing.
+    _progress: ProgressFn | None = field(default=None, repr=False, compare=False)
+
+    def progress(self, fraction: float | None, data: Any = None) -> None:
+        """Report how far this attempt is: ``fraction`` None (unknown) or from 0 to 1, and
+        ``data`` any small JSON value (at most 4 KiB encoded:
+        :data:`dtq.models.PROGRESS_DATA_MAX_BYTES`); else ValueError. A plain method, for async
+        and sync handlers alike; it never blocks and costs almost nothing: the worker writes the
+        first report at once, then at most one every 250 ms (the latest; the last one before
+        the attempt's end), so it may be called as often as the handler likes."""
+        checked, data_json = check_progress(fraction, data)
+        if self._progress is not None:
+            self._progress(self, checked, data_json)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import os
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -29,6 +30,7 @@ from redis.asyncio import Redis
 
 from dtq import Queue, connect, keys
 from dtq.config import Settings
+from dtq_tasks import TaskContext
 from support import running_worker, wait_until
 from support.api import ApiServer, api_server, api_settings
 from support.dashboard import (
@@ -39,6 +41,7 @@ from support.dashboard import (
     watched_page,
     workload,
 )
+from support.worker import handlers
 
 # One event loop for the module, so that one browser serves every test (launching chromium
 # and Playwright's driver costs about 1.5 s). The first test may install chromium (bounded by
@@ -193,6 +196,45 @@ async def test_task_moves_to_succeeded_on_screen_without_reload(
         line = ui.page.locator(f'[data-testid="tasks"] tr[data-task="{second.task_id}"]')
         await expect(line.locator('[data-col="status"]')).to_have_text("pending", timeout=SECONDS)
         await expect(line.locator('[data-col="status"]')).to_have_text("succeeded", timeout=SECONDS)
+    assert await ui.not_reloaded()
+
+
+async def test_task_page_shows_progress_live(
+    ui: Watched, server: ApiServer, queue: Queue, dash_settings: Settings
+) -> None:
+    """The TASK_PROGRESS events move the bar on screen, without a read of the task; the last
+    progress stays once the task has succeeded."""
+    step = asyncio.Event()
+    done = asyncio.Event()
+
+    async def steps(payload: dict[str, Any], ctx: TaskContext) -> str:
+        ctx.progress(0.3, {"file": "<b>a.csv</b>"})
+        await step.wait()
+        ctx.progress(0.8, {"file": "b.csv"})
+        await done.wait()
+        return "ok"
+
+    async with running_worker(dash_settings, handlers(dash_steps=steps), queues=("dash-p",)):
+        task = await queue.submit("dash_steps", {}, queue="dash-p")
+        await open_dashboard(ui, server, f"#/task/{task.task_id}")
+        percent = ui.page.get_by_test_id("task-progress-percent")
+        await expect(percent).to_have_text("30%", timeout=SECONDS)
+        await expect(ui.page.get_by_test_id("task-progress-data")).to_contain_text(
+            '"file": "<b>a.csv</b>"'
+        )
+        own = f"/api/v1/tasks/{task.task_id}"
+        reads = len([q for q in ui.requests if q.url.endswith(own)])
+        step.set()
+        await expect(percent).to_have_text("80%", timeout=SECONDS)
+        await expect(ui.page.get_by_test_id("task-progress-bar")).to_have_attribute("value", "0.8")
+        assert len([q for q in ui.requests if q.url.endswith(own)]) == reads, "not read again"
+        done.set()
+        await expect(ui.page.get_by_test_id("task-status")).to_have_text(
+            "succeeded", timeout=SECONDS
+        )
+        await expect(percent).to_have_text("80%")
+        fields = ui.page.get_by_test_id("task-fields")
+        await expect(fields.locator('tr[data-field="progress"]')).to_have_count(0)
     assert await ui.not_reloaded()
 
 

@@ -247,6 +247,7 @@ class Executor:
     def _launch(self, entry: Entry, start: StartReply) -> None:
         ex = Execution(entry, start)
         self.inflight[entry.key] = ex
+        self.runner.progress.open(ex)
         if self.observers:
             wait_ms = None
             if start.attempt == 1 and start.created_ms is not None:
@@ -270,6 +271,9 @@ class Executor:
         )
         try:
             outcome = await self.runner.run(ex)
+            reported = self.runner.progress.end(ex, stop=outcome is None)
+            if reported is not None and outcome is not None:
+                await reported.close()  # before the finish: its last report, none after it
             if outcome is None:
                 log.info(
                     "task %s attempt %d stopped (%s): left for another worker",
@@ -288,6 +292,7 @@ class Executor:
                 ex.attempt,
             )
         finally:
+            self.runner.progress.end(ex, stop=True)  # when the above did not get to it
             self.inflight.pop(entry.key, None)
             self._release(ex)
 

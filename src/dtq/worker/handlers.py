@@ -44,8 +44,10 @@ from dtq.schedules import firing_of
 from dtq.store import Store, ms_to_dt
 from dtq.waits import HANDLER_QUEUES
 from dtq.worker.outage import TRANSIENT
+from dtq.worker.progress import ProgressReporter
 from dtq.worker.threads import ThreadJob, ThreadRunner
 from dtq_tasks import Handler, RescheduleError, TaskCancelled, TaskContext, TimeLimitExceeded
+from dtq_tasks.registry import ProgressFn
 
 __all__ = [
     "INTERRUPT_GRACE_S",
@@ -150,13 +152,20 @@ class Runner:
         self.threads = threads
         self._rng = rng
         self._queues = frozenset(queues)  # a handler's wait on one of these logs a warning
+        self.progress = ProgressReporter(store, worker_id)  # ctx.progress() of every execution
 
     async def run(self, ex: Execution) -> Outcome | None:
         """Run one started entry's handler; None when it was stopped for shutdown or a lost
         lease (nothing is recorded: the entry stays pending for a peer)."""
         entry, start, settings = ex.entry, ex.start, self.settings
         call = prepare(
-            entry, start, self.handlers.get(entry.task_type), self.worker_id, settings, self._rng
+            entry,
+            start,
+            self.handlers.get(entry.task_type),
+            self.worker_id,
+            settings,
+            self._rng,
+            self.progress.report,
         )
         if isinstance(call, Outcome):
             return call
@@ -316,6 +325,7 @@ def prepare(
     worker_id: str,
     settings: Settings,
     rng: random.Random,
+    progress: ProgressFn | None = None,
 ) -> Prepared | Outcome:
     """The call of ``entry``'s handler, or the outcome of an entry that cannot run."""
     if handler is None:
@@ -344,6 +354,7 @@ def prepare(
         expires_at=None if start.expires_at_ms is None else ms_to_dt(start.expires_at_ms),
         task_type=entry.task_type,
         max_attempts=start.max_attempts,
+        _progress=progress,
     )
     fired = firing_of(entry.idempotency_key)
     if fired is not None:

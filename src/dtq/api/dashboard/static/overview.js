@@ -207,7 +207,9 @@ export function overviewView(root, shared) {
 
   return {
     refresh: refresh.now,
-    onEvent: () => refresh(),
+    onEvent(event) {
+      if (event.type !== "TASK_PROGRESS") refresh(); // progress changes no count shown here
+    },
     tick() {
       renderCards();
       fill(chartBox, throughputChart(shared.throughput.series()));

@@ -1,5 +1,6 @@
-// Tasks: the recent-tasks list with filters, and one task's page (every field, result or
-// error, history as a timeline with its deadline), both kept live by the event stream.
+// Tasks: the recent-tasks list with filters, and one task's page (every field, its progress,
+// result or error, history as a timeline with its deadline), both kept live by the event
+// stream (a TASK_PROGRESS event updates the progress on screen without a read).
 
 import { api, serverNow } from "./api.js";
 import { clock, duration, fill, h, link, pretty, relative, setText, shortId, statusPill, syncRows, taskHref } from "./dom.js";
@@ -122,7 +123,7 @@ export function taskListView(root, shared, params) {
   return {
     refresh: refresh.now,
     onEvent(event) {
-      if (event.task_id) refresh();
+      if (event.task_id && event.type !== "TASK_PROGRESS") refresh(); // no column shows progress
     },
     tick() {
       for (const entry of (body._rows || new Map()).values()) entry.tick();
@@ -166,7 +167,23 @@ function deadlineShort(task) {
 
 // -- one task --------------------------------------------------------------------------------
 
-const OWN_SECTIONS = new Set(["payload", "result", "metadata"]);
+const OWN_SECTIONS = new Set(["payload", "result", "metadata", "progress"]);
+
+/** The progress panel's content: a bar when the handler gave a fraction, its data, when. */
+function progressContent(progress, now) {
+  const parts = [];
+  if (progress.fraction !== null && progress.fraction !== undefined) {
+    const percent = Math.floor(progress.fraction * 100 + 1e-9);
+    parts.push(h("div", { class: "progress-line" },
+      h("progress", { max: "1", value: String(progress.fraction), "aria-label": "Progress", "data-testid": "task-progress-bar" }),
+      h("span", { class: "num", "data-testid": "task-progress-percent" }, `${percent}%`)));
+  }
+  if (progress.data !== null && progress.data !== undefined) {
+    parts.push(h("pre", { class: "json", "data-testid": "task-progress-data" }, pretty(progress.data)));
+  }
+  parts.push(h("p", { class: "muted", "data-testid": "task-progress-updated" }, `updated ${relative(progress.updated_at, now)}`));
+  return parts;
+}
 
 export function taskView(root, shared, id) {
   const title = h("h1", { class: "task-title" }, "Task ", h("span", { class: "mono" }, id));
@@ -179,6 +196,7 @@ export function taskView(root, shared, id) {
   const payload = h("pre", { class: "json", "data-testid": "task-payload" });
   const result = h("pre", { class: "json", "data-testid": "task-result" });
   const metadata = h("pre", { class: "json", "data-testid": "task-metadata" });
+  const progressBox = h("div");
   const dlqBox = h("div");
   const timeline = h("ol", { class: "timeline", "data-testid": "task-history" });
   fill(root,
@@ -190,6 +208,7 @@ export function taskView(root, shared, id) {
         h("table", { class: "fields", "data-testid": "task-fields" }, fields)),
       h("div", {},
         errorBox,
+        progressBox,
         h("section", { class: "panel" }, h("h2", {}, "Payload"), payload),
         h("section", { class: "panel" }, h("h2", {}, "Result"), result),
         h("section", { class: "panel" }, h("h2", {}, "Metadata"), metadata),
@@ -226,6 +245,7 @@ export function taskView(root, shared, id) {
     if (task.result === null && !TERMINAL.has(task.status)) result.textContent = "(no result yet)";
     else result.textContent = pretty(task.result) + (task.result_truncated ? "\n(truncated: the result was larger than the limit)" : "");
     metadata.textContent = pretty(task.metadata);
+    renderProgress();
     renderError();
     renderDeadLetter();
     renderTimeline();
@@ -244,6 +264,15 @@ export function taskView(root, shared, id) {
     const d = deadline(task);
     expiry.className = `expiry expiry-${d.state}`;
     setText(expiry, `Deadline: ${d.text}`);
+  }
+
+  function renderProgress() {
+    if (!task.progress) {
+      fill(progressBox);
+      return;
+    }
+    fill(progressBox, h("section", { class: "panel", "data-testid": "task-progress" },
+      h("h2", {}, "Progress"), progressContent(task.progress, serverNow())));
   }
 
   function renderError() {
@@ -344,11 +373,22 @@ export function taskView(root, shared, id) {
   return {
     refresh: refresh.now,
     onEvent(event) {
-      if (event.task_id === id) refresh();
+      if (event.task_id !== id) return;
+      if (event.type !== "TASK_PROGRESS") {
+        refresh();
+        return;
+      }
+      // The event carries the whole progress: shown at once, nothing read. One of an attempt
+      // older than the one on screen is late and not shown (a retry starts without progress).
+      if (!task || event.attempt < task.attempt) return;
+      const meta = event.metadata || {};
+      task.progress = { fraction: meta.fraction ?? null, data: meta.data ?? null, updated_at: event.ts };
+      renderProgress();
     },
     tick() {
       if (!task) return;
       renderDeadline();
+      if (task.progress) renderProgress(); // its "updated ... ago"
       const item = timeline.querySelector('[data-testid="timeline-deadline"]');
       const d = deadline(task);
       if (item && d.at) item.replaceWith(deadlineItem(d));
