@@ -8,7 +8,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from sse_starlette import EventSourceResponse
 
+from dtq.api import sse
 from dtq.api.auth import RequireOperator
 from dtq.api.deps import (
     ApiState,
@@ -19,7 +21,7 @@ from dtq.api.deps import (
     check_task_id,
     json_object,
 )
-from dtq.api.errors import responses
+from dtq.api.errors import ApiError, responses
 from dtq.client import Change
 from dtq.config import Settings
 from dtq.errors import DtqError, ReplicationTimeoutError, TaskRunningError
@@ -202,6 +204,32 @@ def _count_submitted(state: ApiState, task: Task) -> None:
 async def get_task(task_id: str, state: State) -> Task:
     """The task with its execution metadata and result."""
     return await state.q.get(check_task_id(task_id))
+
+
+_EVENT_STREAM_OPENAPI: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": (
+            "A text/event-stream: one message per event of the task (id = event_id, event = "
+            "type, data = the event JSON), ending after its terminal event"
+        ),
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+    **responses(404),
+}
+
+
+@router.get(
+    "/tasks/{task_id}/events",
+    response_class=EventSourceResponse,
+    responses=_EVENT_STREAM_OPENAPI,
+)
+async def task_events(task_id: str, state: State) -> EventSourceResponse:
+    """Extension: the task's events as server-sent events, ending after its terminal event;
+    a task that has already ended gets one event made from its stored state (docs/api.md)."""
+    check_task_id(task_id)
+    if state.hub is None:
+        raise ApiError("NOT_READY", "the event hub is not running")
+    return await sse.open_task_stream(state.hub, state.q, task_id)
 
 
 @router.get("/tasks", response_model=TaskList, responses=responses(400))
