@@ -21,12 +21,13 @@ from redis.asyncio import Redis
 
 from dtq import Queue, keys
 from dtq.api import sse
+from dtq.api.routes_tasks import LONG_POLL_MAX_S
 from dtq.config import Settings
 from dtq.devserver import free_port
 from dtq.events import TERMINAL_EVENTS
 from dtq.models import TERMINAL
-from support import running_worker
-from support.api import API_KEY, ApiServer, api_server, api_settings, error_of
+from support import running_worker, wait_until
+from support.api import API_KEY, Api, ApiServer, api_server, api_settings, error_of
 from support.cli import MISSING_ID
 
 pytestmark = pytest.mark.backends("single", "cluster")
@@ -61,6 +62,132 @@ async def read_events(resp: httpx.Response, within_s: float = 15.0) -> list[dict
 
 def events_path(task_id: str) -> str:
     return f"/api/v1/tasks/{task_id}/events"
+
+
+def task_path(task_id: str, wait: object) -> str:
+    return f"/api/v1/tasks/{task_id}?wait={wait}"
+
+
+# -- the long poll --------------------------------------------------------------------------------
+
+
+async def test_long_poll_answers_when_the_task_ends(
+    api: Api, queue: Queue, settings: Settings
+) -> None:
+    task = await queue.submit("api_echo", {"n": 7})
+    begun = time.monotonic()
+    async with running_worker(api_settings(settings)):
+        resp = await api.client.get(task_path(task.task_id, 20))
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["status"] == "succeeded" and body["result"] == {"n": 7}
+    assert time.monotonic() - begun < 15, "answered at the end, not when wait passed"
+
+
+async def test_long_poll_answers_at_a_cancel_made_while_it_waits(api: Api, queue: Queue) -> None:
+    task = await queue.submit("api_echo", {}, delay_seconds=60)
+    poll = asyncio.create_task(api.client.get(task_path(task.task_id, 20)))
+    await queue.cancel(task.task_id)
+    resp = await asyncio.wait_for(poll, 15)
+    assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
+
+
+async def test_long_poll_of_a_task_already_ended_answers_at_once(api: Api, queue: Queue) -> None:
+    task = await queue.submit("api_echo", {})
+    await queue.mark_expired(task.task_id)
+    resp = await asyncio.wait_for(api.client.get(task_path(task.task_id, LONG_POLL_MAX_S)), 5)
+    assert resp.status_code == 200 and resp.json()["status"] == "expired"
+
+
+async def test_long_poll_answers_with_the_task_as_it_is_when_wait_passes(
+    api: Api, queue: Queue
+) -> None:
+    task = await queue.submit("api_echo", {}, delay_seconds=60)
+    begun = time.monotonic()
+    resp = await api.client.get(task_path(task.task_id, 0.5))
+    assert time.monotonic() - begun >= 0.5
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["task_id"] == task.task_id and body["status"] == "pending"
+
+
+@pytest.mark.parametrize("wait", ["0", "-1", "30.001", "31", "abc", "nan", "inf", ""])
+async def test_long_poll_refuses_a_wait_out_of_range(api: Api, queue: Queue, wait: str) -> None:
+    task = await queue.submit("api_echo", {})
+    resp = await api.client.get(task_path(task.task_id, wait))
+    assert resp.status_code == 400, resp.text
+    err = error_of(resp)
+    assert err["code"] == "INVALID_REQUEST" and err["message"].startswith("query.wait: ")
+
+
+async def test_long_poll_of_an_unknown_task_is_404_at_once(api: Api) -> None:
+    for task_id in (MISSING_ID, "not-a-task-id"):
+        resp = await asyncio.wait_for(api.client.get(task_path(task_id, 20)), 5)
+        assert resp.status_code == 404, resp.text
+        assert error_of(resp)["code"] == "TASK_NOT_FOUND"
+
+
+async def test_long_poll_at_the_bound_is_accepted(api: Api, queue: Queue) -> None:
+    task = await queue.submit("api_echo", {})
+    await queue.cancel(task.task_id)
+    resp = await api.client.get(task_path(task.task_id, "30"))
+    assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
+
+
+async def waited(r: Redis, task_id: str) -> bool:
+    """Whether a wait has started on the task (the wait script marks its hash)."""
+    return await r.hget(keys.task(task_id), "waited") == "1"
+
+
+async def test_a_long_poll_whose_client_leaves_stops_waiting(
+    api: Api, queue: Queue, r: Redis
+) -> None:
+    """Driven at the ASGI level, where the client's leaving is a message the test sends."""
+    task = await queue.submit("api_echo", {}, delay_seconds=60)
+    leave = asyncio.Event()
+    sent: list[dict[str, Any]] = []
+    messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": f"/api/v1/tasks/{task.task_id}",
+        "raw_path": f"/api/v1/tasks/{task.task_id}".encode(),
+        "query_string": b"wait=25",
+        "root_path": "",
+        "headers": [(b"host", b"dtq.test")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("dtq.test", 80),
+    }
+    call = asyncio.create_task(api.app(scope, receive, send))
+    await wait_until(lambda: waited(r, task.task_id), 10, "the long poll waits")
+    assert not call.done()
+    leave.set()
+    await asyncio.wait_for(call, 5)  # not the 25 s of its wait
+    assert sent[0]["status"] == 499  # answered to nobody: the client closed the connection
+
+
+def test_openapi_documents_the_wait_parameter(settings: Settings) -> None:
+    from dtq.api import create_app
+
+    op = create_app(api_settings(settings)).openapi()["paths"]["/api/v1/tasks/{task_id}"]["get"]
+    [param] = [p for p in op["parameters"] if p["name"] == "wait"]
+    assert param["in"] == "query" and not param.get("required", False)
+    number = next(s for s in param["schema"]["anyOf"] if s.get("type") == "number")
+    assert number["exclusiveMinimum"] == 0 and number["maximum"] == LONG_POLL_MAX_S
+    assert "400" in op["responses"] and "404" in op["responses"]
 
 
 # -- the event stream -----------------------------------------------------------------------------
@@ -234,8 +361,8 @@ def api_process(redis_url: str, backend: str) -> Iterator[tuple[subprocess.Popen
 
 
 @pytest.mark.slow
-async def test_server_stop_ends_an_open_stream_cleanly(
-    api_process: tuple[subprocess.Popen[bytes], str], queue: Queue
+async def test_server_stop_ends_open_streams_and_long_polls_cleanly(
+    api_process: tuple[subprocess.Popen[bytes], str], queue: Queue, r: Redis
 ) -> None:
     proc, base = api_process
     task = await queue.submit("api_echo", {}, delay_seconds=600)
@@ -244,9 +371,15 @@ async def test_server_stop_ends_an_open_stream_cleanly(
         client.stream("GET", events_path(task.task_id)) as resp,
     ):
         assert resp.status_code == 200
+        poll = asyncio.create_task(client.get(task_path(task.task_id, LONG_POLL_MAX_S)))
+        await wait_until(lambda: waited(r, task.task_id), 10, "the long poll waits")
         proc.send_signal(signal.SIGTERM)
-        # The stream ends as a complete response (no transport error), with no event.
+        # The stream ends as a complete response (no transport error), with no event; the
+        # long poll answers with the task as it is, well before its 30 s.
         assert await read_events(resp, within_s=10) == []
+        answer = await asyncio.wait_for(poll, 10)
+    assert answer.status_code == 200 and answer.json()["status"] == "pending"
     _, err = await asyncio.to_thread(proc.communicate, timeout=15)
     assert proc.returncode in (0, -signal.SIGTERM), err
-    assert b"Traceback" not in err and b"Application shutdown complete" in err
+    assert b"Traceback" not in err and b"Exception in ASGI application" not in err
+    assert b"Application shutdown complete" in err

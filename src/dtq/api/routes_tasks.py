@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 
@@ -22,9 +23,9 @@ from dtq.api.deps import (
     json_object,
 )
 from dtq.api.errors import ApiError, responses
-from dtq.client import Change
+from dtq.client import Change, Queue
 from dtq.config import Settings
-from dtq.errors import DtqError, ReplicationTimeoutError, TaskRunningError
+from dtq.errors import DtqError, ReplicationTimeoutError, TaskRunningError, WaitTimeout
 from dtq.models import (
     IDEMPOTENCY_KEY_MAX,
     MAX_DELAY_S,
@@ -37,6 +38,7 @@ from dtq.models import (
 )
 
 __all__ = [
+    "LONG_POLL_MAX_S",
     "ChangeResult",
     "HistoryResponse",
     "TaskList",
@@ -46,6 +48,10 @@ __all__ = [
 ]
 
 router = APIRouter(prefix="/api/v1", tags=["tasks"])
+
+LONG_POLL_MAX_S = 30.0
+"""The longest ``?wait=S`` of a task read: long enough to save most polling, short enough for
+proxies' idle timeouts and for a client to notice a dead connection."""
 
 
 class TaskList(BaseModel):
@@ -200,10 +206,54 @@ def _count_submitted(state: ApiState, task: Task) -> None:
         state.metrics.task_completed(task.queue, task.task_type, "expired")
 
 
-@router.get("/tasks/{task_id}", response_model=Task, responses=responses(404))
-async def get_task(task_id: str, state: State) -> Task:
-    """The task with its execution metadata and result."""
-    return await state.q.get(check_task_id(task_id))
+WaitParam = Annotated[
+    float | None,
+    Query(
+        gt=0,
+        le=LONG_POLL_MAX_S,
+        description=(
+            "Extension, long poll: answer as soon as the task is terminal, or with the task "
+            f"as it is after this many seconds (0 < wait <= {LONG_POLL_MAX_S:g})"
+        ),
+    ),
+]
+CLIENT_CLOSED = 499  # the client closed the connection: nobody reads the answer
+
+
+@router.get("/tasks/{task_id}", response_model=Task, responses=responses(400, 404))
+async def get_task(
+    task_id: str, state: State, request: Request, wait: WaitParam = None
+) -> Task | Response:
+    """The task with its execution metadata and result. With ``wait``, a long poll: 200 with
+    the task once it is terminal, or as it is when ``wait`` seconds have passed (or the
+    server is stopping)."""
+    check_task_id(task_id)
+    if wait is None:
+        return await state.q.get(task_id)
+    return await _long_poll(request, state.q, task_id, wait)
+
+
+async def _long_poll(request: Request, q: Queue, task_id: str, wait_s: float) -> Task | Response:
+    """``q.wait`` raced against the client leaving (the Redis connection it blocks on is
+    given back at once) and the server stopping (an answer before uvicorn cancels it)."""
+    waiting = asyncio.ensure_future(q.wait(task_id, timeout=wait_s))
+    gone = asyncio.ensure_future(sse.client_gone(request))
+    stopping = asyncio.ensure_future(sse.server_stopping())
+    racers = (waiting, gone, stopping)
+    try:
+        await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for racer in racers:
+            racer.cancel()
+        await asyncio.gather(*racers, return_exceptions=True)
+    if not waiting.cancelled():
+        try:
+            return waiting.result()
+        except WaitTimeout as exc:
+            return exc.task if exc.task is not None else await q.get(task_id)
+    if gone.done() and not gone.cancelled():
+        return Response(status_code=CLIENT_CLOSED)
+    return await q.get(task_id)
 
 
 _EVENT_STREAM_OPENAPI: dict[int | str, dict[str, Any]] = {

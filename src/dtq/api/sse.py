@@ -1,4 +1,6 @@
-"""Server-sent events of one task: ``GET /api/v1/tasks/{task_id}/events`` (docs/api.md).
+"""Waiting over HTTP (docs/api.md): the server-sent events of one task,
+``GET /api/v1/tasks/{task_id}/events``, and what a long poll (``GET /api/v1/tasks/{id}?wait=S``)
+races its wait against: the client leaving and the server stopping.
 
 The stream is fed by the process's :class:`dtq.api.ws.EventHub`, as ``/ws/events`` is, with a
 subscriber filtered on the task id; it ends after the task's terminal event
@@ -15,9 +17,13 @@ With sharded events (the cluster layout) the hub's subscription to the task's qu
 awaited after step 2, and the task is read once more. While nothing arrives the task is read
 again every ``RECHECK_S``, so a terminal event lost while the hub was reconnecting to Redis
 still ends the stream (with the event made from the stored task). Comment lines
-(``: ping``) every ``PING_S`` keep proxies from closing an idle stream. When the server stops
-(uvicorn's exit signal, as sse-starlette detects it), the stream ends cleanly within
-``SHUTDOWN_GRACE_S``; a client reconnecting to a task that has ended gets its terminal event.
+(``: ping``) every ``PING_S`` keep proxies from closing an idle stream.
+
+When the server stops (uvicorn's exit signal, which sse-starlette records in
+``AppStatus.should_exit``), a stream ends cleanly within ``SHUTDOWN_GRACE_S`` and a long poll
+answers with the task as it is, both well before uvicorn's graceful-shutdown timeout (5 s
+under ``dtq api``), after which it would cancel them with an error; a client reconnecting to a
+task that has ended gets its terminal event.
 """
 
 from __future__ import annotations
@@ -25,11 +31,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import weakref
 from collections.abc import AsyncIterator
 from datetime import datetime
 
 import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import AppStatus
+from starlette.background import BackgroundTask
+from starlette.requests import Request
 
 from dtq import keys
 from dtq.api.ws import EventFilter, EventHub, Subscriber
@@ -42,14 +52,18 @@ __all__ = [
     "PING_S",
     "RECHECK_S",
     "SHUTDOWN_GRACE_S",
+    "STOP_CHECK_S",
     "TERMINAL_EVENT_OF",
+    "client_gone",
     "open_task_stream",
+    "server_stopping",
     "terminal_event",
 ]
 
 PING_S = 15.0
 RECHECK_S = 15.0
 SHUTDOWN_GRACE_S = 1.0
+STOP_CHECK_S = 0.25
 
 # The event a script publishes when it makes a task terminal, by the status it writes.
 TERMINAL_EVENT_OF = {status: f"TASK_{status.value.upper()}" for status in TERMINAL}
@@ -90,7 +104,15 @@ async def open_task_stream(hub: EventHub, q: Queue, task_id: str) -> EventSource
         ping=PING_S,
         shutdown_event=stop,
         shutdown_grace_period=SHUTDOWN_GRACE_S,
+        # Also when the stream never started (the client left at once): the generator's
+        # own cleanup runs only once it has.
+        background=BackgroundTask(_unsubscribe, hub, sub),
     )
+
+
+async def _unsubscribe(hub: EventHub, sub: Subscriber) -> None:
+    """Async, so that it runs on the event loop (the hub is not thread-safe)."""
+    hub.remove(sub)
 
 
 def _sse(raw: str) -> ServerSentEvent:
@@ -146,3 +168,52 @@ async def _arrival(sub: Subscriber, stop: anyio.Event, within_s: float) -> bool:
                 sub.wakeup.clear()
                 await sub.wakeup.wait()
     return bool(sub.buffer)
+
+
+async def client_gone(request: Request) -> None:
+    """Returns when the client has closed the connection (a request without a body: every
+    message but the disconnect is the empty body)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _StopSignal:
+    """sse-starlette's ``AppStatus.should_exit`` (a flag its patch of uvicorn's exit handler
+    sets) as something to await: one task of the event loop checks it every ``STOP_CHECK_S``
+    while at least one request waits, however many do."""
+
+    def __init__(self) -> None:
+        self.stopped = asyncio.Event()
+        self.waiters = 0
+        self.poller: asyncio.Task[None] | None = None
+
+    async def wait(self) -> None:
+        self.waiters += 1
+        if self.poller is None:
+            self.poller = asyncio.create_task(self._poll(), name="dtq-api-stop-signal")
+        try:
+            await self.stopped.wait()
+        finally:
+            self.waiters -= 1
+            if not self.waiters and self.poller is not None:
+                self.poller.cancel()
+                self.poller = None
+
+    async def _poll(self) -> None:
+        while not AppStatus.should_exit:  # noqa: ASYNC110 - a flag, set from a signal handler
+            await asyncio.sleep(STOP_CHECK_S)
+        self.stopped.set()
+
+
+_stop_signals: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _StopSignal] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def server_stopping() -> None:
+    """Returns once the server has been told to stop."""
+    loop = asyncio.get_running_loop()
+    signal = _stop_signals.get(loop)
+    if signal is None:
+        signal = _stop_signals[loop] = _StopSignal()
+    await signal.wait()
