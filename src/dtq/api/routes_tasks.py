@@ -234,8 +234,9 @@ async def get_task(
 
 
 async def _long_poll(request: Request, q: Queue, task_id: str, wait_s: float) -> Task | Response:
-    """``q.wait`` raced against the client leaving (the Redis connection it blocks on is
-    given back at once) and the server stopping (an answer before uvicorn cancels it)."""
+    """``q.wait`` raced against the client leaving (the wait is given up at once: nobody
+    reads the answer, 499 as nginx logs it) and the server stopping (an answer with the task
+    as it is, before uvicorn's graceful-shutdown timeout cancels the request)."""
     waiting = asyncio.ensure_future(q.wait(task_id, timeout=wait_s))
     gone = asyncio.ensure_future(sse.client_gone(request))
     stopping = asyncio.ensure_future(sse.server_stopping())
