@@ -235,6 +235,37 @@ async def test_stream_ends_when_the_task_is_cancelled_while_streaming(
     assert events[0]["data"]["queue"] == "sseq"
 
 
+async def test_stream_passes_every_event_type_on_progress_included(
+    server: ApiServer, queue: Queue, r: Redis
+) -> None:
+    """An event type the stream does not know (as progress events are to it) is forwarded as
+    it was published, in order with the others."""
+    task = await queue.submit("api_echo", {}, queue="sseq", delay_seconds=60)
+    progress = {
+        "event_id": "e" * 32,
+        "ts": "2026-12-02T05:00:00.000Z",
+        "type": "TASK_PROGRESS",
+        "task_id": task.task_id,
+        "queue": "sseq",
+        "task_type": "api_echo",
+        "attempt": 1,
+        "worker_id": "w-1",
+        "metadata": {"progress": 0.5},
+    }
+    channel = keys.events("sseq")
+    command = "SPUBLISH" if keys.sharded_events() else "PUBLISH"
+    async with (
+        httpx.AsyncClient(base_url=server.url, timeout=15) as client,
+        client.stream("GET", events_path(task.task_id)) as resp,
+    ):
+        assert resp.status_code == 200
+        await r.execute_command(command, channel, json.dumps(progress))
+        await queue.cancel(task.task_id)
+        events = await read_events(resp)
+    assert [e["event"] for e in events] == ["TASK_PROGRESS", "TASK_CANCELLED"]
+    assert events[0]["data"] == progress and events[0]["id"] == progress["event_id"]
+
+
 async def test_stream_of_a_task_already_ended_is_its_terminal_event(
     server: ApiServer, queue: Queue
 ) -> None:
