@@ -287,6 +287,34 @@ async def test_stream_of_a_task_already_ended_is_its_terminal_event(
     assert data["ts"] == stored.expired_at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+async def test_stream_gets_an_end_that_happens_right_after_its_read(
+    server: ApiServer, queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task is cancelled just after the stream read it (injected at the Queue seam, in
+    the server's loop): the subscription made before the read has the published event."""
+    task = await queue.submit("api_echo", {}, delay_seconds=60)
+    served = server.app.state.dtq.q
+    read = served.get
+
+    async def read_then_cancel(task_id: str) -> Any:
+        monkeypatch.setattr(served, "get", read)  # once
+        seen = await read(task_id)
+        await served.cancel(task_id)
+        return seen
+
+    monkeypatch.setattr(served, "get", read_then_cancel)
+    monkeypatch.setattr(sse, "RECHECK_S", 30.0)  # a missed event would not end it in time
+    async with (
+        httpx.AsyncClient(base_url=server.url, timeout=15) as client,
+        client.stream("GET", events_path(task.task_id)) as resp,
+    ):
+        assert resp.status_code == 200
+        events = await read_events(resp, within_s=10)
+    assert [e["event"] for e in events] == ["TASK_CANCELLED"]
+    if not keys.sharded_events():  # else the read made after following the queue has it
+        assert "already_terminal" not in events[0]["data"].get("metadata", {})
+
+
 async def test_stream_ends_on_a_terminal_state_whose_event_it_missed(
     server: ApiServer, queue: Queue, r: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
