@@ -174,7 +174,8 @@ class _Reader:
         self.slot = slot
         self.ids: set[str] = set()
         self.wake = keys.waiter(uuid.uuid4().hex, like_task_id)
-        self.wake_from = "$"
+        # Never "$": a wake-up that reaches Redis before this read does must still wake it.
+        self.wake_from = "0-0"
         self.blocked = False
         self.wake_sent = False
         self.task = asyncio.ensure_future(self._run())
@@ -328,49 +329,71 @@ async def _ended(
     hub: WaitHub, ids: Sequence[str], deadline: _Deadline
 ) -> AsyncIterator[list[Task]]:
     """Batches of the tasks of ``ids`` as they end, until all have, or the deadline
-    (:class:`WaitTimeout`). An unknown id raises :class:`TaskNotFoundError` at once."""
+    (:class:`WaitTimeout`). An unknown id raises :class:`TaskNotFoundError` at once.
+
+    The tasks are checked (and marked) once, then watched; they are checked again only when
+    the hub says so (a read's block passed, Redis failed) or a task read back is not
+    terminal, never because some of them ended."""
     pending = list(ids)
+    watched: dict[str, asyncio.Future[bool]] = {}
+    check = True
     backoff = RETRY_FIRST_S
-    while pending:
-        watched: dict[str, asyncio.Future[bool]] = {}
-        try:
-            states = await hub.check(pending)
-            gone = next((tid for tid in pending if states[tid] == 0), None)
-            if gone is not None:
-                raise _not_found(gone)
-            ended = [tid for tid in pending if states[tid] == 1]
-            left = deadline.left()
-            if not ended and left > 0:
-                watched = {tid: hub.watch(tid) for tid in pending}
-                await asyncio.wait(
-                    watched.values(), timeout=left, return_when=asyncio.FIRST_COMPLETED
-                )
-                ended = [tid for tid, f in watched.items() if f.done() and f.result()]
-            tasks = await hub.fetch(ended) if ended else {}
-            backoff = RETRY_FIRST_S
-        except _TRANSIENT as exc:
-            left = deadline.left()
-            if left <= 0:
-                raise WaitTimeout.of(pending, await _last_seen(hub, pending)) from exc
-            log.debug("wait: Redis error %s; trying again in %.2fs", exc, backoff)
-            await asyncio.sleep(min(backoff, left))
-            backoff = min(backoff * 2, RETRY_MAX_S)
-            continue
-        finally:
-            for tid, f in watched.items():
-                hub.forget(tid, f)
-        lost = next((tid for tid, t in tasks.items() if t is None), None)
-        if lost is not None:
-            raise _not_found(lost)
-        # A task read back not terminal ended and was requeued since (a dead letter sent
-        # back): it stays pending, and the next check marks it again.
-        batch = [t for t in tasks.values() if t is not None and t.is_terminal]
-        if batch:
-            out = {t.task_id for t in batch}
-            pending = [tid for tid in pending if tid not in out]
-            yield batch
-        elif deadline.left() <= 0:
-            raise WaitTimeout.of(pending, await _last_seen(hub, pending))
+
+    def unwatch(tids: Iterable[str]) -> None:
+        for tid in list(tids):
+            fut = watched.pop(tid, None)
+            if fut is not None:
+                hub.forget(tid, fut)
+
+    try:
+        while pending:
+            try:
+                ended: list[str] = []
+                if check:
+                    unwatch(list(watched))
+                    states = await hub.check(pending)
+                    gone = next((tid for tid in pending if states[tid] == 0), None)
+                    if gone is not None:
+                        raise _not_found(gone)
+                    ended = [tid for tid in pending if states[tid] == 1]
+                    watched = {tid: hub.watch(tid) for tid in pending if states[tid] == 2}
+                    check = False
+                left = deadline.left()
+                if not ended and left > 0:
+                    open_ = [f for f in watched.values() if not f.done()]
+                    if open_:
+                        await asyncio.wait(open_, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                    signalled = {tid: f.result() for tid, f in watched.items() if f.done()}
+                    ended = [tid for tid, done in signalled.items() if done]
+                    check = any(not done for done in signalled.values())
+                    unwatch(signalled)
+                tasks = await hub.fetch(ended) if ended else {}
+                backoff = RETRY_FIRST_S
+            except _TRANSIENT as exc:
+                check = True
+                left = deadline.left()
+                if left <= 0:
+                    raise WaitTimeout.of(pending, await _last_seen(hub, pending)) from exc
+                log.debug("wait: Redis error %s; trying again in %.2fs", exc, backoff)
+                await asyncio.sleep(min(backoff, left))
+                backoff = min(backoff * 2, RETRY_MAX_S)
+                continue
+            lost = next((tid for tid, t in tasks.items() if t is None), None)
+            if lost is not None:
+                raise _not_found(lost)
+            batch = [t for t in tasks.values() if t is not None and t.is_terminal]
+            if len(batch) < len(tasks):
+                # A task read back not terminal ended and was requeued since (a dead letter
+                # sent back): it stays pending, and is checked (marked) again.
+                check = True
+            if batch:
+                out = {t.task_id for t in batch}
+                pending = [tid for tid in pending if tid not in out]
+                yield batch
+            elif deadline.left() <= 0:
+                raise WaitTimeout.of(pending, await _last_seen(hub, pending))
+    finally:
+        unwatch(list(watched))
 
 
 async def _last_seen(hub: WaitHub, ids: Sequence[str]) -> list[Task]:

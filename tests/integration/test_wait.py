@@ -190,7 +190,8 @@ async def test_a_dead_letter_sent_back_is_waited_for_again(
         await queue.wait(task.task_id, timeout=0.5)
     assert err.value.task is not None and not err.value.task.is_terminal
     if backend == "single":  # nor wake it again and again
-        assert int((await r.info("commandstats"))["cmdstat_xread"]["calls"]) <= 2
+        stats = await r.info("commandstats")  # a read still blocked is not counted yet on Valkey
+        assert int(stats.get("cmdstat_xread", {}).get("calls", 0)) <= 2
 
 
 @pytest.mark.backends("single", reason="counts one server's commands")
