@@ -48,13 +48,14 @@ def task_id_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("task_id", type=inputs.task_id, help="the task id (32 hex characters)")
 
 
-def wait_timeout_flag(p: argparse.ArgumentParser, *, default: float | None) -> None:
+def wait_timeout_flag(p: argparse.ArgumentParser, *, default: float | None, when: str = "") -> None:
+    """``--timeout S`` of a wait; ``when`` says what the flag needs (``with --wait: ``)."""
     p.add_argument(
         "--timeout",
         type=inputs.wait_seconds,
         default=default,
         metavar="S",
-        help=f"give up after S seconds, at most 86400 (default {DEFAULT_WAIT_S:g})",
+        help=f"{when}give up after S seconds, at most 86400 (default {DEFAULT_WAIT_S:g})",
     )
 
 

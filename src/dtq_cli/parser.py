@@ -124,7 +124,7 @@ def _task_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     json_flag(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print only the task id")
     p.add_argument("--wait", action="store_true", help="wait for the task to end, print its result")
-    wait_timeout_flag(p, default=None)
+    wait_timeout_flag(p, default=None, when="with --wait: ")
 
     p = sub(subs, "get", "Show a task in full, with its execution metadata and result",
              "  dtq get 3f2a9c0d5e6f47a8b9c0d1e2f3a4b5c6 --json")  # fmt: skip
