@@ -333,6 +333,23 @@ async def test_stream_ends_on_a_terminal_state_whose_event_it_missed(
     assert events[0]["data"]["metadata"] == {"already_terminal": True}
 
 
+async def test_an_idle_stream_gets_keep_alive_pings(
+    server: ApiServer, queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sse, "PING_S", 0.2)
+    task = await queue.submit("api_echo", {}, delay_seconds=60)
+    async with (
+        httpx.AsyncClient(base_url=server.url, timeout=15) as client,
+        client.stream("GET", events_path(task.task_id)) as resp,
+    ):
+        async with asyncio.timeout(10):
+            lines = resp.aiter_lines()
+            first = await anext(lines)
+            while not first:
+                first = await anext(lines)
+    assert first.startswith(": ping")
+
+
 async def test_stream_of_an_unknown_task_is_404_and_subscribes_nothing(
     server: ApiServer,
 ) -> None:
