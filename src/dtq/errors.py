@@ -209,7 +209,10 @@ class WaitTimeout(DtqError):
 
 
 class TaskEnded(DtqError):
-    """A waited task ended without a result; ``task`` is the task as it ended."""
+    """A waited task ended without a result; ``task`` is the task as it ended. Its leaves
+    carry the codes; this base is what ``except`` catches for all three."""
+
+    code = "TASK_ENDED"
 
     def __init__(self, message: str, *, task: Any) -> None:
         super().__init__(message, task_id=task.task_id, status=str(task.status))

@@ -52,6 +52,7 @@ __all__ = [
     "cancelled",
     "cluster_layout",
     "dead_letter",
+    "done",
     "events",
     "expiry",
     "history",
@@ -79,6 +80,7 @@ __all__ = [
     "task_match",
     "use_layout",
     "use_sharded_events",
+    "waiter",
     "worker",
 ]
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Collection, Mapping
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, NamedTuple, Required, Self, TypedDict
+from typing import Any, NamedTuple, Required, Self, TypedDict, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -57,6 +57,7 @@ __all__ = [
     "format_ts",
     "parse_ts",
     "ttl_delta_seconds",
+    "validate_payload",
 ]
 
 METADATA_MAX_BYTES = 4096
@@ -66,6 +67,8 @@ TASK_TYPE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
 IDEMPOTENCY_KEY_MAX = 256
 MAX_DELAY_S = 10 * 365 * 86400  # delay_seconds, ttl_seconds and metadata.ttl_seconds: 10 years
 LIST_LIMIT_MAX = 10_000  # most items one list read returns (tasks, dead letters, audit entries)
+
+_ModelT = TypeVar("_ModelT", bound=BaseModel)
 
 
 def check_queue_name(name: object) -> str:
@@ -413,25 +416,7 @@ class SubmitRequest(BaseModel):
             )
         model = payload_models.get(self.task_type) if payload_models else None
         if model is not None:
-            self._check_payload(model)
-
-    def _check_payload(self, model: type[BaseModel]) -> None:
-        """The handler's ``payload_model`` accepts the payload (as the worker validates it
-        before running the handler), or INVALID_TASK naming each refused field."""
-        try:
-            model.model_validate(self.payload)
-        except ValidationError as exc:
-            errors = [
-                {
-                    "field": ".".join(("payload", *(str(p) for p in e.get("loc", ())))),
-                    "message": str(e.get("msg", "invalid")),
-                }
-                for e in exc.errors()
-            ]
-            first = errors[0]
-            raise InvalidTaskError(
-                f"{first['field']}: {first['message']}", task_type=self.task_type, errors=errors
-            ) from None
+            validate_payload(model, self.payload, self.task_type)
 
     def _json(self) -> _Encoded:
         encoded: _Encoded = self.__pydantic_private__["_encoded"]  # type: ignore[index]
@@ -463,6 +448,25 @@ class SubmitRequest(BaseModel):
 
     def schedule_at_ms(self) -> int | None:
         return None if self.schedule_at is None else _to_ms(self.schedule_at)
+
+
+def validate_payload(model: type[_ModelT], payload: Mapping[str, Any], task_type: str) -> _ModelT:
+    """The handler's ``payload_model`` accepts the payload (as the worker validates it
+    before running the handler), or INVALID_TASK naming each refused field."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        errors = [
+            {
+                "field": ".".join(("payload", *(str(p) for p in e.get("loc", ())))),
+                "message": str(e.get("msg", "invalid")),
+            }
+            for e in exc.errors()
+        ]
+        first = errors[0]
+        raise InvalidTaskError(
+            f"{first['field']}: {first['message']}", task_type=task_type, errors=errors
+        ) from None
 
 
 def _describe(exc: ValidationError) -> str:

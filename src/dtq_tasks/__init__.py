@@ -10,8 +10,10 @@
         return {"ok": True}
 
 Handlers receive the payload (a dict) and a :class:`TaskContext`; they return something JSON
-can encode, or raise :class:`RetryableError`, :class:`PermanentError` or
-:class:`RescheduleError`. This package imports nothing of ``dtq.worker`` or ``dtq.api``.
+can encode (or a pydantic model), or raise :class:`RetryableError`, :class:`PermanentError` or
+:class:`RescheduleError`. ``@task`` gives back a :class:`TaskDef`: still callable as the
+handler, it also submits itself, its payload and result typed (:mod:`dtq_tasks.typed`).
+This package imports nothing of ``dtq.worker`` or ``dtq.api``.
 """
 
 from dtq_tasks.errors import (
@@ -29,6 +31,7 @@ from dtq_tasks.registry import (
     HandlerFn,
     ScheduleDecl,
     TaskContext,
+    TaskDecorator,
     TaskRegistrationError,
     code_schedules,
     cron,
@@ -37,8 +40,10 @@ from dtq_tasks.registry import (
     registry,
     task,
 )
+from dtq_tasks.typed import AsyncTaskDef, SyncTaskDef, SyncTaskHandle, TaskDef, TaskHandle
 
 __all__ = [
+    "AsyncTaskDef",
     "Handler",
     "HandlerError",
     "HandlerFn",
@@ -46,8 +51,13 @@ __all__ = [
     "RescheduleError",
     "RetryableError",
     "ScheduleDecl",
+    "SyncTaskDef",
+    "SyncTaskHandle",
     "TaskCancelled",
     "TaskContext",
+    "TaskDecorator",
+    "TaskDef",
+    "TaskHandle",
     "TaskModules",
     "TaskRegistrationError",
     "TimeLimitExceeded",

@@ -8,23 +8,25 @@ imported; a second handler under a name that is taken is an error at that import
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel
 
 from dtq.errors import InvalidTaskError
 from dtq.models import QUEUE_RE, TASK_TYPE_RE
 from dtq.schedules import ScheduleDef
+from dtq_tasks.typed import AsyncTaskDef, SyncTaskDef, TaskDef
 
 __all__ = [
     "Handler",
     "HandlerFn",
     "ScheduleDecl",
     "TaskContext",
+    "TaskDecorator",
     "TaskRegistrationError",
     "code_schedules",
     "cron",
@@ -35,7 +37,10 @@ __all__ = [
 ]
 
 HandlerFn = Callable[[dict[str, Any], "TaskContext"], Any | Awaitable[Any]]
-F = TypeVar("F", bound=Callable[..., Any])
+M = TypeVar("M", bound=BaseModel)
+PayloadT = TypeVar("PayloadT")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 
 class TaskRegistrationError(ValueError):
@@ -74,6 +79,10 @@ class Handler:
     name: str
     fn: HandlerFn
     payload_model: type[BaseModel] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fn, TaskDef):  # a decorated handler: run the function itself
+            object.__setattr__(self, "fn", self.fn.fn)
 
     @property
     def is_async(self) -> bool:
@@ -151,22 +160,91 @@ def code_schedules() -> Mapping[str, ScheduleDef]:
     return MappingProxyType({name: d for name, (_, d) in _SCHEDULES.items()})
 
 
+class TaskDecorator(Generic[PayloadT]):
+    """What ``task(name, ...)`` returns: applied to a handler, it registers it and gives back
+    its :class:`dtq_tasks.typed.TaskDef` (an :class:`AsyncTaskDef` for an ``async def``
+    handler, a :class:`SyncTaskDef` for a plain function), typed by the handler's parameters
+    and return annotation."""
+
+    def __init__(
+        self,
+        name: str,
+        payload_model: type[BaseModel] | None,
+        schedule: ScheduleDecl | Sequence[ScheduleDecl] | None,
+    ) -> None:
+        self.name = name
+        self.payload_model = payload_model
+        self.schedule = schedule
+
+    # An async handler matches both signatures (in the second, R is its coroutine), which
+    # mypy flags as an overlap; overloads are tried in order, so it gets the first.
+    @overload
+    def __call__(  # type: ignore[overload-overlap]
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /
+    ) -> AsyncTaskDef[PayloadT, R, P]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> SyncTaskDef[PayloadT, R, P]: ...
+
+    def __call__(self, fn: Callable[..., Any], /) -> TaskDef[Any, Any]:
+        name = self.name
+        if isinstance(fn, TaskDef):  # a definition registered again (a module reloaded)
+            fn = fn.fn
+        if not callable(fn):
+            raise TaskRegistrationError(f"task {name!r}: {fn!r} is not callable")
+        old = _REGISTRY.get(name)
+        if old is not None and _origin(old.fn) != _origin(fn):
+            raise TaskRegistrationError(
+                f"task {name!r} is already registered by {_origin(old.fn)}; "
+                f"{_origin(fn)} cannot take the same name"
+            )
+        if self.schedule is not None:
+            _declare(name, self.schedule)
+        handler = _REGISTRY[name] = Handler(name, fn, self.payload_model)
+        kind = AsyncTaskDef if handler.is_async else SyncTaskDef
+        return kind(name, fn, self.payload_model)
+
+
+@overload
+def task(
+    name: str,
+    *,
+    payload_model: None = None,
+    schedule: ScheduleDecl | Sequence[ScheduleDecl] | None = None,
+) -> TaskDecorator[Mapping[str, Any]]: ...
+
+
+@overload
+def task(
+    name: str,
+    *,
+    payload_model: type[M],
+    schedule: ScheduleDecl | Sequence[ScheduleDecl] | None = None,
+) -> TaskDecorator[M]: ...
+
+
 def task(
     name: str,
     *,
     payload_model: type[BaseModel] | None = None,
     schedule: ScheduleDecl | Sequence[ScheduleDecl] | None = None,
-) -> Callable[[F], F]:
+) -> TaskDecorator[Any]:
     """Register ``fn(payload: dict, ctx: TaskContext) -> JSON-serialisable`` as ``name``.
 
     ``async def`` handlers are awaited on the worker's event loop; plain functions run in a
     thread (GIL-bound: CPU-heavy work wants ``dtq worker run --processes N``). With
     ``payload_model`` (a pydantic model) the payload is validated before execution; an invalid
-    payload is a permanent error and the handler is not called.
+    payload is a permanent error and the handler is not called. The handler still receives a
+    dict (the validated model as JSON).
 
     ``schedule``: one or more periodic schedules of this task (:func:`cron`, :func:`every`),
     created or updated in Redis when a worker with this handler starts (docs/schedules.md,
     "Schedules in code").
+
+    The decorated name is a typed definition that calls the handler when called and submits
+    the task with its payload typed: ``await fn.submit(q, payload, **options)`` returns a
+    :class:`dtq_tasks.typed.TaskHandle` whose ``result()`` has the handler's return type
+    (docs/sdk.md, "Typed task handles").
     """
     if not isinstance(name, str) or not TASK_TYPE_RE.fullmatch(name):
         raise TaskRegistrationError(
@@ -178,22 +256,7 @@ def task(
         raise TaskRegistrationError(
             f"payload_model of task {name!r} must be a pydantic BaseModel subclass"
         )
-
-    def register(fn: F) -> F:
-        if not callable(fn):
-            raise TaskRegistrationError(f"task {name!r}: {fn!r} is not callable")
-        old = _REGISTRY.get(name)
-        if old is not None and _origin(old.fn) != _origin(fn):
-            raise TaskRegistrationError(
-                f"task {name!r} is already registered by {_origin(old.fn)}; "
-                f"{_origin(fn)} cannot take the same name"
-            )
-        if schedule is not None:
-            _declare(name, schedule)
-        _REGISTRY[name] = Handler(name, fn, payload_model)
-        return fn
-
-    return register
+    return TaskDecorator(name, payload_model, schedule)
 
 
 def _origin(fn: Callable[..., Any]) -> str:

@@ -41,8 +41,9 @@ async def th_registered(payload: dict[str, Any], ctx: TaskContext) -> int:
     return 1
 
 
-def test_task_registers_and_returns_the_function() -> None:
-    assert registry()["th_registered"].fn is th_registered
+def test_task_registers_the_function_and_returns_its_definition() -> None:
+    assert registry()["th_registered"].fn is th_registered.fn
+    assert th_registered.name == "th_registered" and th_registered.__name__ == "th_registered"
     handler = get_handler("th_registered")
     assert handler is not None and handler.is_async and handler.payload_model is None
     assert get_handler("th_nobody") is None
@@ -57,13 +58,13 @@ def test_second_handler_under_a_taken_name_is_an_error() -> None:
         async def other(payload: dict[str, Any], ctx: TaskContext) -> int:
             return 2
 
-    assert registry()["th_registered"].fn is th_registered
+    assert registry()["th_registered"].fn is th_registered.fn
 
 
 def test_reregistering_the_same_definition_is_allowed() -> None:
     """A module imported again (importlib.reload) registers its handlers again."""
     task("th_registered")(th_registered)
-    assert registry()["th_registered"].fn is th_registered
+    assert registry()["th_registered"].fn is th_registered.fn
 
 
 @pytest.mark.parametrize("name", ["", "has space", "x" * 200, "bad\n", "1starts_with_digit"])

@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pydantic import BaseModel
+
 from dtq import calls, keys
 from dtq.calls import Entry, Outcome, StartReply
 from dtq.clock import RedisClock
@@ -355,9 +357,12 @@ def prepare(
 
 def succeeded(result: Any, t0: float, settings: Settings) -> Outcome:
     """The handler returned ``result``: stored unless larger than ``DTQ_RESULT_MAX_BYTES``;
-    a result that is not JSON ends the attempt as an error."""
+    a result that is not JSON ends the attempt as an error. A pydantic model is stored as its
+    JSON (what a typed handle's ``result()`` validates back into the model)."""
     duration_ms = ms_since(t0)
     try:
+        if isinstance(result, BaseModel):
+            result = result.model_dump(mode="json", by_alias=True)
         result_json = compact_json(result)
     except (TypeError, ValueError) as exc:
         return Outcome(
