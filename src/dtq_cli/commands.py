@@ -21,6 +21,7 @@ REDIS_COMMANDS: dict[str, RedisCommand] = {
     "submit": tasks_cmd.submit,
     "get": tasks_cmd.get,
     "status": tasks_cmd.status,
+    "wait": tasks_cmd.wait,
     "list": tasks_cmd.list_tasks,
     "history": tasks_cmd.history,
     "cancel": tasks_cmd.cancel,

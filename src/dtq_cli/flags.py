@@ -8,9 +8,19 @@ from textwrap import dedent
 
 from dtq_cli import inputs
 
-__all__ = ["FMT", "json_flag", "sub", "task_id_flag", "template_flags", "yes_flag"]
+__all__ = [
+    "DEFAULT_WAIT_S",
+    "FMT",
+    "json_flag",
+    "sub",
+    "task_id_flag",
+    "template_flags",
+    "wait_timeout_flag",
+    "yes_flag",
+]
 
 FMT = argparse.RawDescriptionHelpFormatter
+DEFAULT_WAIT_S = 60.0  # the SDK's (dtq.waits.DEFAULT_WAIT_S); a test keeps the two equal
 
 
 def sub(
@@ -36,6 +46,17 @@ def json_flag(p: argparse.ArgumentParser) -> None:
 
 def task_id_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("task_id", type=inputs.task_id, help="the task id (32 hex characters)")
+
+
+def wait_timeout_flag(p: argparse.ArgumentParser, *, default: float | None, when: str = "") -> None:
+    """``--timeout S`` of a wait; ``when`` says what the flag needs (``with --wait: ``)."""
+    p.add_argument(
+        "--timeout",
+        type=inputs.wait_seconds,
+        default=default,
+        metavar="S",
+        help=f"{when}give up after S seconds, at most 86400 (default {DEFAULT_WAIT_S:g})",
+    )
 
 
 def yes_flag(p: argparse.ArgumentParser) -> None:

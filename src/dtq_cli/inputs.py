@@ -33,6 +33,7 @@ __all__ = [
     "status_name",
     "task_id",
     "ttl",
+    "wait_seconds",
     "when",
 ]
 
@@ -178,6 +179,19 @@ def nonneg_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not value >= 0 or value == float("inf"):  # also refuses nan
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite number, 0 or more")
+    return value
+
+
+def wait_seconds(text: str) -> float:
+    """How long a wait may last: seconds, more than 0 and at most the SDK's bound
+    (:data:`dtq.waits.MAX_WAIT_S`, a day)."""
+    from dtq.waits import MAX_WAIT_S
+
+    value = nonneg_float(text)
+    if not 0 < value <= MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be more than 0 and at most {MAX_WAIT_S:g} seconds"
+        )
     return value
 
 

@@ -9,14 +9,25 @@ from __future__ import annotations
 import argparse
 
 from dtq_cli import inputs, schedule_args
-from dtq_cli.flags import FMT, json_flag, sub, task_id_flag, template_flags, yes_flag
+from dtq_cli.flags import (
+    DEFAULT_WAIT_S,
+    FMT,
+    json_flag,
+    sub,
+    task_id_flag,
+    template_flags,
+    wait_timeout_flag,
+    yes_flag,
+)
 
 __all__ = ["build_parser"]
 
 MAIN_EPILOG = """\
 examples:
   dtq submit --type echo_task --payload '{"message": "hi"}' --ttl 1h30m
+  dtq submit --type echo_task --payload '{"message": "hi"}' --wait
   dtq status 3f2a9c0d5e6f47a8b9c0d1e2f3a4b5c6
+  dtq wait 3f2a9c0d5e6f47a8b9c0d1e2f3a4b5c6 --timeout 300
   dtq list --status expired
   dtq history 3f2a9c0d5e6f47a8b9c0d1e2f3a4b5c6
   dtq cancel 3f2a9c0d5e6f47a8b9c0d1e2f3a4b5c6
@@ -34,7 +45,8 @@ Colour is used only on a terminal, never when NO_COLOR is set.
 exit codes:
   0  success (a cancel of a running task is accepted as a request: 0 too)
   1  refused by the system's state (not found, already finished, queue full, conflict)
-     or Redis unreachable
+     or Redis unreachable; wait and submit --wait: the task did not succeed, or the
+     timeout passed
   2  invalid input (flags, payload, duration, date-time) or invalid DTQ_* configuration
 
 environment: DTQ_REDIS_URL (default redis://localhost:6379/0) and the other DTQ_* settings.
@@ -73,11 +85,16 @@ def _task_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) ->
           dtq submit --type send_reminder --payload @reminder.json --ttl 1h30m
           dtq submit --type meeting_reminder --schedule-at 2026-01-28T17:00:00Z \\
                      --expires-at 2026-01-28T18:00:00Z --json
+          dtq submit --type echo_task --payload '{"message": "hi"}' --wait --timeout 30
         """,
         """\
         Prints the new task's id and status. A replay of an idempotency key prints the task it
         already belongs to (exit 0). --ttl counts from ingest on the Redis clock; --ttl 0 submits
         a task that is already expired and never runs.
+
+        With --wait it then waits for the task to end and prints the handler's result (JSON;
+        with --json the finished task): exit 0 when it succeeded; 1 when it failed, was
+        dead-lettered, cancelled or expired (the error on stderr) or --timeout passed.
         """,
     )
     p.set_defaults(cmd="submit")
@@ -106,6 +123,8 @@ def _task_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     json_flag(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print only the task id")
+    p.add_argument("--wait", action="store_true", help="wait for the task to end, print its result")
+    wait_timeout_flag(p, default=None, when="with --wait: ")
 
     p = sub(subs, "get", "Show a task in full, with its execution metadata and result",
              "  dtq get 3f2a9c0d5e6f47a8b9c0d1e2f3a4b5c6 --json")  # fmt: skip
@@ -122,6 +141,22 @@ def _task_commands(subs: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.set_defaults(cmd="status")
     task_id_flag(p)
+    json_flag(p)
+
+    p = sub(
+        subs,
+        "wait",
+        "Wait until a task has ended, then show it as dtq status does",
+        "  dtq wait 3f2a9c0d5e6f47a8b9c0d1e2f3a4b5c6 --timeout 300",
+        """\
+        Exit 0 when the task succeeded; 1 when it failed, was dead-lettered, cancelled or
+        expired, or when --timeout passed first ("timed out after S s" on stderr, the task as
+        it is on stdout); 1 for an unknown task. The wake-up is pushed by Redis: nothing polls.
+        """,
+    )
+    p.set_defaults(cmd="wait")
+    task_id_flag(p)
+    wait_timeout_flag(p, default=DEFAULT_WAIT_S)
     json_flag(p)
 
     p = sub(

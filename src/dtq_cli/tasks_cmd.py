@@ -1,7 +1,9 @@
-"""Task commands: submit, get, status, list, history, cancel, expire.
+"""Task commands: submit (and ``--wait``), get, status, wait, list, history, cancel, expire.
 
 Each returns its exit code; refusals by the system arrive as dtq errors and are mapped to exit
-codes by :mod:`dtq_cli.cli`, except a cancel of a running task, which is accepted as a request.
+codes by :mod:`dtq_cli.cli`, except a cancel of a running task, which is accepted as a request,
+and the end of a wait: 0 when the task succeeded, 1 when it ended otherwise or the timeout
+passed.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import json
 from datetime import datetime
 from typing import Any
 
-from dtq.errors import TaskRunningError
+from dtq.errors import TaskCancelled, TaskExpired, TaskFailed, TaskRunningError, WaitTimeout
 from dtq.models import NOT_STARTED, SUBMIT_OPTIONS, HistoryEntry, Progress, Task, TaskStatus
-from dtq_cli.context import Ctx
+from dtq_cli.cli import EXIT_OK, EXIT_REFUSED
+from dtq_cli.context import Ctx, UsageError
+from dtq_cli.flags import DEFAULT_WAIT_S
 from dtq_cli.output import STATUS_COLOUR, fmt_dt, json_dt, relative
 
 __all__ = [
@@ -28,6 +32,7 @@ __all__ = [
     "status",
     "status_document",
     "submit",
+    "wait",
 ]
 
 
@@ -85,8 +90,12 @@ def progress_text(progress: Progress, now: datetime) -> str:
 async def submit(ctx: Ctx) -> int:
     """Each flag of ``dtq submit`` is named after the submit option it sets (its ``dest``)."""
     a = ctx.args
+    if a.timeout is not None and not a.wait:
+        raise UsageError("--timeout is how long --wait waits: give --wait too")
     options = {name: getattr(a, name) for name in SUBMIT_OPTIONS if hasattr(a, name)}
     task = await ctx.q.submit(a.task_type, a.payload, **options)
+    if a.wait:
+        return await _await_result(ctx, task, a.timeout or DEFAULT_WAIT_S)
     out = ctx.out
     if ctx.json:
         out.json(task.public_dict())
@@ -111,6 +120,48 @@ async def submit(ctx: Ctx) -> int:
     rows.append(("expires_at", expires_text(task, now)))
     out.fields(rows)
     return 0
+
+
+async def _await_result(ctx: Ctx, task: Task, timeout_s: float) -> int:
+    """``submit --wait``: the result as JSON (with --json, the finished task), exit 0; a task
+    that ended otherwise or a timeout: the error on stderr, exit 1."""
+    out = ctx.out
+    if not ctx.json and not ctx.args.quiet:
+        out.note(f"Submitted task {task.task_id}; waiting up to {timeout_s:g} s")
+    if ctx.json:
+        try:
+            ended = await ctx.q.wait(task.task_id, timeout=timeout_s)
+        except WaitTimeout as exc:
+            out.json((exc.task or task).public_dict())
+            out.error(_timed_out(timeout_s, exc.task or task))
+            return EXIT_REFUSED
+        out.json(ended.public_dict())
+        if ended.status != TaskStatus.SUCCEEDED:
+            out.error(_ended_otherwise(ended))
+            return EXIT_REFUSED
+        return EXIT_OK
+    try:
+        result = await ctx.q.result(task.task_id, timeout=timeout_s)
+    except WaitTimeout as exc:
+        out.error(_timed_out(timeout_s, exc.task or task))
+        return EXIT_REFUSED
+    except (TaskFailed, TaskCancelled, TaskExpired) as exc:
+        out.error(_ended_otherwise(exc.task))
+        return EXIT_REFUSED
+    out.line(json.dumps(result, indent=2, ensure_ascii=False, default=str))
+    return EXIT_OK
+
+
+def _timed_out(timeout_s: float, task: Task) -> str:
+    return f"timed out after {timeout_s:g} s: task {task.task_id} is {task.status.value}"
+
+
+def _ended_otherwise(task: Task) -> str:
+    """``task <id> failed: ValueError: bad input`` and the like."""
+    text = f"task {task.task_id} {task.status.value.replace('_', '-')}"
+    if task.error_class or task.error_message:
+        text += f": {task.error_class or 'Error'}: {task.error_message or ''}".rstrip()
+    return text
 
 
 # -- reads ---------------------------------------------------------------------------------------
@@ -174,11 +225,30 @@ def status_document(task: Task, now: datetime) -> dict[str, Any]:
 
 
 async def status(ctx: Ctx) -> int:
-    task = await ctx.q.get(ctx.args.task_id)
+    await _show_status(ctx, await ctx.q.get(ctx.args.task_id))
+    return 0
+
+
+async def wait(ctx: Ctx) -> int:
+    """Show the task once it has ended (as ``status`` does): exit 0 when it succeeded, 1 when
+    it ended otherwise; a timeout shows it as it is, says so on stderr, exit 1."""
+    timeout_s: float = ctx.args.timeout
+    try:
+        task = await ctx.q.wait(ctx.args.task_id, timeout=timeout_s)
+    except WaitTimeout as exc:
+        task = exc.task if exc.task is not None else await ctx.q.get(ctx.args.task_id)
+        await _show_status(ctx, task)
+        ctx.out.error(_timed_out(timeout_s, task))
+        return EXIT_REFUSED
+    await _show_status(ctx, task)
+    return EXIT_OK if task.status == TaskStatus.SUCCEEDED else EXIT_REFUSED
+
+
+async def _show_status(ctx: Ctx, task: Task) -> None:
     now = await ctx.q.now()
     if ctx.json:
         ctx.out.json(status_document(task, now))
-        return 0
+        return
     t, out = task, ctx.out
     rows = [
         ("task_id", t.task_id),
@@ -206,7 +276,6 @@ async def status(ctx: Ctx) -> int:
     if t.error_class or t.error_message:
         rows.append(("error", f"{t.error_class or 'Error'}: {t.error_message or ''}".rstrip()))
     out.fields(rows)
-    return 0
 
 
 def _list_row(t: Task, now: datetime) -> list[str]:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from sse_starlette import EventSourceResponse
 
+from dtq.api import sse
 from dtq.api.auth import RequireOperator
 from dtq.api.deps import (
     ApiState,
@@ -19,10 +22,10 @@ from dtq.api.deps import (
     check_task_id,
     json_object,
 )
-from dtq.api.errors import responses
-from dtq.client import Change
+from dtq.api.errors import ApiError, responses
+from dtq.client import Change, Queue
 from dtq.config import Settings
-from dtq.errors import DtqError, ReplicationTimeoutError, TaskRunningError
+from dtq.errors import DtqError, ReplicationTimeoutError, TaskRunningError, WaitTimeout
 from dtq.models import (
     IDEMPOTENCY_KEY_MAX,
     MAX_DELAY_S,
@@ -35,6 +38,7 @@ from dtq.models import (
 )
 
 __all__ = [
+    "LONG_POLL_MAX_S",
     "ChangeResult",
     "HistoryResponse",
     "TaskList",
@@ -44,6 +48,10 @@ __all__ = [
 ]
 
 router = APIRouter(prefix="/api/v1", tags=["tasks"])
+
+LONG_POLL_MAX_S = 30.0
+"""The longest ``?wait=S`` of a task read: long enough to save most polling, short enough for
+proxies' idle timeouts and for a client to notice a dead connection."""
 
 
 class TaskList(BaseModel):
@@ -198,10 +206,81 @@ def _count_submitted(state: ApiState, task: Task) -> None:
         state.metrics.task_completed(task.queue, task.task_type, "expired")
 
 
-@router.get("/tasks/{task_id}", response_model=Task, responses=responses(404))
-async def get_task(task_id: str, state: State) -> Task:
-    """The task with its execution metadata and result."""
-    return await state.q.get(check_task_id(task_id))
+WaitParam = Annotated[
+    float | None,
+    Query(
+        gt=0,
+        le=LONG_POLL_MAX_S,
+        description=(
+            "Extension, long poll: answer as soon as the task is terminal, or with the task "
+            f"as it is after this many seconds (0 < wait <= {LONG_POLL_MAX_S:g})"
+        ),
+    ),
+]
+CLIENT_CLOSED = 499  # the client closed the connection: nobody reads the answer
+
+
+@router.get("/tasks/{task_id}", response_model=Task, responses=responses(400, 404))
+async def get_task(
+    task_id: str, state: State, request: Request, wait: WaitParam = None
+) -> Task | Response:
+    """The task with its execution metadata and result. With ``wait``, a long poll: 200 with
+    the task once it is terminal, or as it is when ``wait`` seconds have passed (or the
+    server is stopping)."""
+    check_task_id(task_id)
+    if wait is None:
+        return await state.q.get(task_id)
+    return await _long_poll(request, state.q, task_id, wait)
+
+
+async def _long_poll(request: Request, q: Queue, task_id: str, wait_s: float) -> Task | Response:
+    """``q.wait`` raced against the client leaving (the wait is given up at once: nobody
+    reads the answer, 499 as nginx logs it) and the server stopping (an answer with the task
+    as it is, before uvicorn's graceful-shutdown timeout cancels the request)."""
+    waiting = asyncio.ensure_future(q.wait(task_id, timeout=wait_s))
+    gone = asyncio.ensure_future(sse.client_gone(request))
+    stopping = asyncio.ensure_future(sse.server_stopping())
+    racers = (waiting, gone, stopping)
+    try:
+        await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for racer in racers:
+            racer.cancel()
+        await asyncio.gather(*racers, return_exceptions=True)
+    if not waiting.cancelled():
+        try:
+            return waiting.result()
+        except WaitTimeout as exc:
+            return exc.task if exc.task is not None else await q.get(task_id)
+    if gone.done() and not gone.cancelled():
+        return Response(status_code=CLIENT_CLOSED)
+    return await q.get(task_id)
+
+
+_EVENT_STREAM_OPENAPI: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": (
+            "A text/event-stream: one message per event of the task (id = event_id, event = "
+            "type, data = the event JSON), ending after its terminal event"
+        ),
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+    **responses(404),
+}
+
+
+@router.get(
+    "/tasks/{task_id}/events",
+    response_class=EventSourceResponse,
+    responses=_EVENT_STREAM_OPENAPI,
+)
+async def task_events(task_id: str, state: State) -> EventSourceResponse:
+    """Extension: the task's events as server-sent events, ending after its terminal event;
+    a task that has already ended gets one event made from its stored state (docs/api.md)."""
+    check_task_id(task_id)
+    if state.hub is None:
+        raise ApiError("NOT_READY", "the event hub is not running")
+    return await sse.open_task_stream(state.hub, state.q, task_id)
 
 
 @router.get("/tasks", response_model=TaskList, responses=responses(400))
