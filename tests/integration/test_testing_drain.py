@@ -14,6 +14,7 @@ import pytest
 
 from dtq import Queue, TaskStatus, connect
 from dtq.config import Settings
+from dtq.errors import InvalidTaskError
 from dtq.testing import FAST_SETTINGS, DrainTimeout, TaskFailures, drain, running_worker
 from dtq_tasks import PermanentError, RetryableError, TaskContext, task
 from support import wait_until
@@ -200,9 +201,15 @@ async def test_handlers_can_be_given(q: Queue) -> None:
     assert result.task(t.task_id).result == 42
 
 
-async def test_timeout_must_be_positive(q: Queue) -> None:
+async def test_bad_arguments_are_refused_before_a_worker_starts(q: Queue) -> None:
     with pytest.raises(ValueError, match="timeout"):
         await drain(q, timeout=0)
+    with pytest.raises(TypeError, match=r"queues=\['emails'\]"):
+        await drain(q, queues="emails")
+    with pytest.raises(InvalidTaskError, match="not a valid queue name"):
+        await drain(q, queues=["no spaces"])
+    with pytest.raises(ValueError, match="no queue"):
+        await drain(q, queues=[])
 
 
 async def test_running_worker_serves_for_the_block(q: Queue) -> None:

@@ -32,7 +32,7 @@ from typing import Any, cast
 
 from dtq import keys
 from dtq.client import Queue
-from dtq.models import Task, TaskStatus
+from dtq.models import Task, TaskStatus, check_queue_name
 from dtq.records import DEPTH_READS, queue_depth, read_depth
 from dtq.worker import Worker, WorkerObserver
 from dtq.worker.observer import TaskFinished, TaskSkipped, TaskStarted
@@ -148,7 +148,7 @@ async def drain(
     """
     if timeout <= 0:
         raise ValueError(f"timeout must be > 0, not {timeout!r}")
-    served = list(dict.fromkeys(queues))
+    served = _queue_names(queues)
     deadline = time.monotonic() + timeout
     seen = _Seen()
     errors = _Errors()
@@ -185,9 +185,20 @@ async def running_worker(
     """A :class:`dtq.worker.Worker` on ``queues`` running for the block, in this event loop
     (for a producer test that waits on its tasks: ``q.result`` inside the block). It has
     started when the block begins; it is stopped at its end, after what runs has finished."""
-    worker = _worker(q, list(dict.fromkeys(queues)), handlers, concurrency, None, None)
+    worker = _worker(q, _queue_names(queues), handlers, concurrency, None, None)
     async with _running(worker):
         yield worker
+
+
+def _queue_names(queues: Iterable[str]) -> list[str]:
+    """The queue names, checked, without repeats; a bare string is refused (it would be read
+    as one queue per character)."""
+    if isinstance(queues, str):
+        raise TypeError(f"queues is a list of queue names: queues=[{queues!r}]")
+    names = [check_queue_name(name) for name in dict.fromkeys(queues)]
+    if not names:
+        raise ValueError("no queue given")
+    return names
 
 
 def _worker(
