@@ -221,3 +221,21 @@ async def test_running_worker_serves_for_the_block(q: Queue) -> None:
     # stopped: a task submitted now waits
     late = await q.submit("tt_echo", {})
     assert (await q.get(late.task_id)).status is TaskStatus.QUEUED
+
+
+async def test_a_stopping_drain_unblocks_only_its_own_reads(q: Queue, redis_url: str) -> None:
+    """A drain ends its worker's blocking reads to stop at once; another client's blocking read
+    (a producer waiting on a stream) is left to its own timeout."""
+    from redis.asyncio import Redis
+
+    other = Redis.from_url(redis_url, decode_responses=True)
+    try:
+        started = time.monotonic()
+        read = asyncio.create_task(other.xread({"foreign": "$"}, block=1500))
+        for _ in range(3):
+            await drain(q)
+        assert not read.done()
+        assert await read in (None, [], {})
+        assert time.monotonic() - started >= 1.4
+    finally:
+        await other.aclose()
