@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import redis
 
 from dtq.client import Queue, connect
 from dtq.config import Settings
@@ -72,13 +71,9 @@ def dtq_settings(dtq_redis_url: str) -> Settings:
 async def dtq_queue(dtq_settings: Settings) -> AsyncIterator[Queue]:
     """A :class:`dtq.Queue` connected with :func:`dtq_settings`, on a database emptied
     (FLUSHDB) before the test; closed after it."""
-    client = redis.Redis.from_url(dtq_settings.redis_url)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
     q = await connect(settings=dtq_settings)
     try:
+        await q.redis.flushdb()
         yield q
     finally:
         await q.close()
