@@ -35,6 +35,7 @@ from bench.scenarios import (
     memory,
     scaling,
     schedules,
+    waits,
 )
 from dtq.devserver import start_redis
 
@@ -52,6 +53,7 @@ SCENARIOS: dict[str, Scenario] = {
     "scaling": scaling.run,
     "expiration": expiration.run,
     "schedules": schedules.run,
+    "waits": waits.run,
     "cluster": cluster.run,
 }
 

@@ -2,18 +2,38 @@
 
 from dtq.client import Audit, Queue, SyncQueue, connect, connect_sync
 from dtq.config import Settings, load_settings
-from dtq.errors import DtqError
+from dtq.errors import (
+    DtqError,
+    ResultExpired,
+    TaskCancelled,
+    TaskEnded,
+    TaskExpired,
+    TaskFailed,
+    TaskNotFoundError,
+    WaitTimeout,
+)
 from dtq.models import HistoryEntry, Task, TaskStatus
+
+# The name the waiting API's documentation uses for an unknown or expired task id.
+TaskNotFound = TaskNotFoundError
 
 __all__ = [
     "Audit",
     "DtqError",
     "HistoryEntry",
     "Queue",
+    "ResultExpired",
     "Settings",
     "SyncQueue",
     "Task",
+    "TaskCancelled",
+    "TaskEnded",
+    "TaskExpired",
+    "TaskFailed",
+    "TaskNotFound",
+    "TaskNotFoundError",
     "TaskStatus",
+    "WaitTimeout",
     "connect",
     "connect_sync",
     "load_settings",

@@ -600,6 +600,7 @@ async def start_many(
                     keys.idempotency(e.queue, e.idempotency_key),
                     qk.dead_letter,
                     keys.payload(e.task_id),
+                    keys.done(e.task_id),
                 ],
                 [
                     e.task_id,
@@ -674,6 +675,7 @@ def finish_call(
             keys.result(entry.task_id),
             qk.cancelled,
             keys.payload(entry.task_id),
+            keys.done(entry.task_id),
         ],
         [
             entry.task_id,
@@ -854,6 +856,7 @@ async def promote_many(
                 keys.stream(queue, priority),
                 keys.idempotency(queue, idem),
                 keys.payload(task_id),
+                keys.done(task_id),
             ],
             [task_id, s.task_retention_s, s.idem_ttl_s, keys.events(queue), new_id()],
         )
@@ -900,13 +903,18 @@ def _expire_call(
     ]
     argv: list[Any] = [mode, s.task_retention_s, s.idem_ttl_s, keys.events(queue), *_audit(audit)]
     for task_id, where in tasks:
-        key_list += [keys.task(task_id), keys.history(task_id), keys.payload(task_id)]
+        key_list += [
+            keys.task(task_id),
+            keys.history(task_id),
+            keys.payload(task_id),
+            keys.done(task_id),
+        ]
         if where is None:
-            argv += [task_id, new_id(), 3]
+            argv += [task_id, new_id(), 4]
         else:
             queue, priority, idem = where
             key_list += [keys.stream(queue, priority), keys.idempotency(queue, idem)]
-            argv += [task_id, new_id(), 5]
+            argv += [task_id, new_id(), 6]
     return ("expire", key_list, argv)
 
 
@@ -989,6 +997,7 @@ async def cancel(
             keys.idempotency(queue, idem),
             keys.audit(queue),
             keys.payload(task_id),
+            keys.done(task_id),
         ],
         [
             task_id,
@@ -1185,6 +1194,7 @@ async def purge_queue(
             keys.history(c.task_id),
             keys.idempotency(queue, c.idempotency_key),
             keys.payload(c.task_id),
+            keys.done(c.task_id),
         ]
         args += [c.task_id, c.entry_id, c.band, new_id(), c.metadata_read, c.metadata_new]
     reply = await db.scripts.call(db.redis, "purge_queue", call_keys, args)
@@ -1522,3 +1532,27 @@ async def schedule_set(
             [name, op, reason, history_cap, keys.events(queue), new_id(), *_audit(audit)],
         )
     )
+
+
+# -- wait.lua -----------------------------------------------------------------------------------
+
+
+async def wait_check(db: Backend, task_ids: Sequence[str]) -> dict[str, int]:
+    """wait.lua for ``task_ids``, one call per slot in the cluster layout: 0 unknown, 1
+    terminal, 2 not yet (and marked ``waited``, so that its end is pushed to its done
+    stream)."""
+    groups: list[Sequence[str]] = [task_ids]
+    if keys.cluster_layout():
+        by_slot: dict[int, list[str]] = {}
+        for tid in task_ids:
+            by_slot.setdefault(keys.slot(keys.task(tid)), []).append(tid)
+        groups = list(by_slot.values())
+    calls: list[Call] = [
+        ("wait", [k for tid in g for k in (keys.task(tid), keys.done(tid))], []) for g in groups
+    ]
+    out: dict[str, int] = {}
+    for group, reply in zip(groups, await db.scripts.call_many(db.redis, calls), strict=True):
+        if isinstance(reply, Exception):
+            raise reply
+        out.update(zip(group, (int(x) for x in reply), strict=True))
+    return out

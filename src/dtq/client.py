@@ -22,7 +22,15 @@ from __future__ import annotations
 import asyncio
 import builtins
 import functools
-from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -34,7 +42,7 @@ from redis.exceptions import ClusterDownError, RedisClusterException, ResponseEr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from dtq import admin
+from dtq import admin, waits
 from dtq.admin import schedules as admin_schedules
 from dtq.calls import Audit
 from dtq.clock import redis_time_ms
@@ -105,6 +113,17 @@ def _redis_errors(
     return wrapper
 
 
+async def _unavailable_as_dtq(q: Queue, it: AsyncIterator[R]) -> AsyncIterator[R]:
+    """``it`` with :func:`_redis_errors`' translation of connection failures."""
+    try:
+        async for item in it:
+            yield item
+    except (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError, TryAgainError,
+            RedisClusterException) as exc:  # fmt: skip
+        where = describe_redis(q.settings)
+        raise RedisUnavailableError(f"Redis at {where} is unreachable: {exc}", url=where) from None
+
+
 @dataclass(frozen=True)
 class Change:
     """What an operator's state change did: the task as it is now, and the status it left."""
@@ -138,6 +157,13 @@ class Queue:
         self.known_types = known_types
         self.payload_models: Mapping[str, type[BaseModel]] = dict(payload_models or {})
         self.store = Store(redis, self.scripts, settings, known_types)
+        self._wait_hub: waits.WaitHub | None = None
+
+    def _waits(self) -> waits.WaitHub:
+        """This queue's waits (made at the first, in the event loop that waits)."""
+        if self._wait_hub is None:
+            self._wait_hub = waits.WaitHub(self.store)
+        return self._wait_hub
 
     # -- submit ---------------------------------------------------------------------------------
 
@@ -246,6 +272,59 @@ class Queue:
     @_redis_errors
     async def history(self, task_id: str) -> builtins.list[HistoryEntry]:
         return await self.store.history(task_id)
+
+    # -- waiting (docs/sdk.md, "Waiting for a task") ---------------------------------------
+    # ``timeout`` is the wait's own deadline, which also bounds its retries of Redis errors
+    # (ASYNC109 would have callers wrap the call in asyncio.timeout, which cancels instead).
+
+    @_redis_errors
+    async def wait(
+        self,
+        task_id: str,
+        *,
+        timeout: float = waits.DEFAULT_WAIT_S,  # noqa: ASYNC109
+    ) -> Task:
+        """The task once it is terminal (succeeded, failed, dead_lettered, cancelled,
+        expired). The end is pushed by the script that makes it (no polling); a Redis error
+        is retried until ``timeout`` (seconds, at most :data:`dtq.waits.MAX_WAIT_S`) passes,
+        then :class:`dtq.errors.WaitTimeout`. An unknown id, or one whose retention ran out,
+        raises :class:`dtq.errors.TaskNotFoundError` at once."""
+        (task,) = await waits.wait_many(self._waits(), [task_id], timeout)
+        return task
+
+    @_redis_errors
+    async def result(
+        self,
+        task_id: str,
+        *,
+        timeout: float = waits.DEFAULT_WAIT_S,  # noqa: ASYNC109
+    ) -> Any:
+        """The handler's result once the task succeeded; raises :class:`dtq.errors.TaskFailed`
+        (failed or dead-lettered: ``error_class``, ``error_message``),
+        :class:`dtq.errors.TaskCancelled`, :class:`dtq.errors.TaskExpired`,
+        :class:`dtq.errors.ResultExpired` (the result outlived DTQ_RESULT_RETENTION_S), or as
+        :meth:`wait`."""
+        return waits.result_of(await self.wait(task_id, timeout=timeout))
+
+    @_redis_errors
+    async def wait_many(
+        self,
+        task_ids: Iterable[str],
+        *,
+        timeout: float = waits.DEFAULT_WAIT_S,  # noqa: ASYNC109
+    ) -> builtins.list[Task]:
+        """Every task of ``task_ids`` once terminal, in the order given (each id once). One
+        blocking read covers up to 500 tasks (per slot in the cluster layout).
+        :class:`dtq.errors.WaitTimeout` when not all ended in time: its ``pending`` lists
+        the ids still going."""
+        return await waits.wait_many(self._waits(), task_ids, timeout)
+
+    def as_completed(
+        self, task_ids: Iterable[str], *, timeout: float = waits.DEFAULT_WAIT_S
+    ) -> AsyncIterator[Task]:
+        """The tasks of ``task_ids`` one by one as they end (``async for``); then
+        :class:`dtq.errors.WaitTimeout` if some did not end in time."""
+        return _unavailable_as_dtq(self, waits.as_completed(self._waits(), task_ids, timeout))
 
     @_redis_errors
     async def now(self) -> datetime:
@@ -466,6 +545,8 @@ class Queue:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def close(self) -> None:
+        if self._wait_hub is not None:
+            await self._wait_hub.close()
         await self.redis.aclose()
 
     async def __aenter__(self) -> Self:
@@ -544,6 +625,9 @@ class SyncQueue:
     submit_fields = _blocking(Queue.submit_fields)
     submit_many = _blocking(Queue.submit_many)
     get = _blocking(Queue.get)
+    wait = _blocking(Queue.wait)
+    result = _blocking(Queue.result)
+    wait_many = _blocking(Queue.wait_many)
     list = _blocking(Queue.list)
     history = _blocking(Queue.history)
     now = _blocking(Queue.now)
@@ -576,6 +660,20 @@ class SyncQueue:
     next_fire_times = _blocking(Queue.next_fire_times)
     preview_schedule = _blocking(Queue.preview_schedule)
 
+    def as_completed(
+        self, task_ids: Iterable[str], *, timeout: float = waits.DEFAULT_WAIT_S
+    ) -> Iterator[Task]:
+        """:meth:`Queue.as_completed`, blocking: a plain ``for`` loop."""
+        it = self._queue.as_completed(task_ids, timeout=timeout)
+        try:
+            while True:
+                try:
+                    yield self._runner.run(_next(it))
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._runner.run(it.aclose())  # type: ignore[attr-defined]
+
     def close(self) -> None:
         self._runner.run(self._queue.close())
         self._runner.close()
@@ -585,6 +683,10 @@ class SyncQueue:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def _next(it: AsyncIterator[R]) -> R:
+    return await anext(it)
 
 
 def connect_sync(url: str | None = None, **kwargs: Any) -> SyncQueue:

@@ -11,6 +11,7 @@ The tree is shallow; the API and the CLI map each leaf to one error code (``code
     ├── QueueFullError                QUEUE_FULL           429 + Retry-After
     ├── IdempotencyInProgressError    IDEMPOTENCY_IN_PROGRESS 409
     ├── TaskNotFoundError             TASK_NOT_FOUND       404
+    │   └── ResultExpired             RESULT_EXPIRED       404  (the result key's lifetime ran out)
     ├── ScheduleNotFoundError         SCHEDULE_NOT_FOUND   404
     ├── ScheduleExistsError           SCHEDULE_EXISTS      409
     ├── InvalidTransitionError        INVALID_TRANSITION   409
@@ -40,13 +41,19 @@ __all__ = [
     "QueueFullError",
     "RedisUnavailableError",
     "ReplicationTimeoutError",
+    "ResultExpired",
     "ScheduleExistsError",
     "ScheduleNotFoundError",
     "ScheduleSpecError",
+    "TaskCancelled",
+    "TaskEnded",
+    "TaskExpired",
+    "TaskFailed",
     "TaskNotFoundError",
     "TaskRunningError",
     "TaskTerminalError",
     "UnknownTaskTypeError",
+    "WaitTimeout",
     "WorkerNotFoundError",
 ]
 
@@ -117,6 +124,13 @@ class TaskNotFoundError(DtqError):
     code = "TASK_NOT_FOUND"
 
 
+class ResultExpired(TaskNotFoundError):
+    """The task succeeded with a result, and the result's key outlived its retention
+    (``DTQ_RESULT_RETENTION_S``) while the task's hash did not."""
+
+    code = "RESULT_EXPIRED"
+
+
 class InvalidTransitionError(DtqError):
     """The task's current status does not allow the operation; ``details['status']`` names it."""
 
@@ -168,3 +182,62 @@ class ReplicationTimeoutError(DtqError):
 
 class RedisUnavailableError(DtqError):
     code = "REDIS_UNAVAILABLE"
+
+
+# -- the ends of a wait (Queue.wait, Queue.result; docs/sdk.md "Waiting for a task") ----------
+# ``task`` is a dtq.models.Task (this module sits below the models and names none of them).
+
+
+class WaitTimeout(DtqError):
+    """The wait's timeout passed before the task (every task of a wait_many) ended.
+    ``pending``: the ids still going; ``task``: the first of them as last read (None when
+    Redis did not answer); ``tasks``: those read."""
+
+    code = "WAIT_TIMEOUT"
+
+    def __init__(self, message: str, *, pending: list[str], tasks: list[Any]) -> None:
+        super().__init__(message, task_id=pending[0] if pending else None, pending=pending)
+        self.pending = pending
+        self.tasks = tasks
+        self.task_id = pending[0] if pending else None
+        self.task: Any = next((t for t in tasks if t.task_id == self.task_id), None)
+
+    @classmethod
+    def of(cls, pending: list[str], tasks: list[Any]) -> WaitTimeout:
+        what = f"task {pending[0]}" if len(pending) == 1 else f"{len(pending)} tasks"
+        return cls(f"timed out waiting for {what} to end", pending=pending, tasks=tasks)
+
+
+class TaskEnded(DtqError):
+    """A waited task ended without a result; ``task`` is the task as it ended."""
+
+    def __init__(self, message: str, *, task: Any) -> None:
+        super().__init__(message, task_id=task.task_id, status=str(task.status))
+        self.task = task
+        self.task_id: str = task.task_id
+
+
+class TaskFailed(TaskEnded):
+    """The task failed or was dead-lettered: ``error_class`` and ``error_message`` are the
+    last attempt's."""
+
+    code = "TASK_FAILED"
+
+    def __init__(self, message: str, *, task: Any) -> None:
+        super().__init__(message, task=task)
+        self.error_class: str | None = task.error_class
+        self.error_message: str | None = task.error_message
+        self.details.update(error_class=self.error_class, error_message=self.error_message)
+
+    @classmethod
+    def of(cls, task: Any) -> TaskFailed:
+        why = f"{task.error_class}: {task.error_message}" if task.error_class else "no error"
+        return cls(f"task {task.task_id} {task.status} at attempt {task.attempt}: {why}", task=task)
+
+
+class TaskCancelled(TaskEnded):
+    code = "TASK_CANCELLED"
+
+
+class TaskExpired(TaskEnded):
+    code = "TASK_EXPIRED"

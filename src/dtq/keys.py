@@ -322,6 +322,27 @@ def history(task_id: str) -> str:
     return _t(task_id) + ":history" if _CLUSTER else f"dtq:task:{task_id}:history"
 
 
+def done(task_id: str) -> str:
+    """Where a waiting producer is told that the task ended (deliberate extension,
+    docs/redis-schema.md): a stream of one entry ``{status}`` that the script making a task
+    terminal writes when the hash's ``waited`` field says someone waits, with the hash's
+    lifetime. ``Queue.wait`` blocks on it with XREAD."""
+    return _t(task_id) + ":done" if _CLUSTER else f"dtq:task:{task_id}:done"
+
+
+def waiter(token: str, like_task_id: str) -> str:
+    """The wake-up stream of one of a process's blocked done-stream readers (``dtq.waits``):
+    a new waiter added to the reader's keys XADDs to it, so that the reader's XREAD returns and
+    is sent again with the new key. In the slot of ``like_task_id`` (the reader's tasks' slot:
+    a command's keys share one); MAXLEN 1 and a 2 min TTL, so a reader that died leaves
+    nothing behind."""
+    return (
+        "dtq:{" + like_task_id[:TAG_DIGITS] + "}:waiter:" + token
+        if _CLUSTER
+        else f"dtq:waiter:{token}"
+    )
+
+
 def payload(task_id: str) -> str:
     """Where the dtq before this one kept a task's payload JSON, beside its hash. Nothing
     writes it now (the payload is the hash's ``payload`` field, contract section 2): the

@@ -537,6 +537,9 @@ class Task(BaseModel):
     retry_delay_ms: int | None = None
     result: Any = None
     result_truncated: bool = False
+    # The handler returned a result that was stored and has expired since
+    # (DTQ_RESULT_RETENTION_S shorter than DTQ_TASK_RETENTION_S): ``result`` is None for that.
+    result_expired: bool = False
     duplicate: bool = False
 
     @property
@@ -588,6 +591,7 @@ class Task(BaseModel):
             retry_delay_ms=opt_int("retry_delay_ms"),
             result=json.loads(result) if result else None,
             result_truncated=h.get("result_truncated") == "1",
+            result_expired=not result and h.get("result_stored") == "1",
         )
 
     def public_dict(self) -> dict[str, Any]:

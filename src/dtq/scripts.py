@@ -77,6 +77,7 @@ SCRIPT_NAMES = (
     "fire",
     "schedule_put",
     "schedule_set",
+    "wait",
 )
 
 # Scripts that run another script's code as a local function: fire.lua makes a tick's task

@@ -81,3 +81,11 @@ def test_quick_schedules_bench_fires_every_tick_once(redis_url: str) -> None:
     assert 0 <= lag["p50_ms"] <= lag["p99_ms"] <= lag["max_ms"]
     drain = rows["schedules.drain_ratio"]
     assert [r.split()[0] for r in drain["rounds"]] == ["A", "B"]
+
+
+def test_quick_waits_bench_reports_latency_and_reads(redis_url: str) -> None:
+    rows = {r["scenario"]: r for r in quick_bench(redis_url, ["waits"])}
+    assert rows["waits.result_latency"]["n"] == 100  # every producer had its result
+    many = rows["waits.thousand_waiters"]
+    assert many["waiters"] == 100 and many["blocked_clients"] >= 1
+    assert many["xread_calls"] < many["waiters"]  # a count, not a timing

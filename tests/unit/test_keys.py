@@ -29,6 +29,7 @@ def test_per_task_and_per_queue_names() -> None:
     assert keys.task(tid) == f"dtq:task:{tid}"
     assert keys.history(tid) == f"dtq:task:{tid}:history"
     assert keys.payload(tid) == f"dtq:task:{tid}:payload"
+    assert keys.done(tid) == f"dtq:task:{tid}:done"
     assert keys.result(tid) == f"dtq:result:{tid}"
     assert keys.idempotency("emails", "order-42") == "dtq:idempotency:emails:order-42"
     assert keys.worker("worker-0a1b2c3d") == "dtq:worker:worker-0a1b2c3d"
@@ -109,6 +110,7 @@ def test_cluster_layout_puts_a_queue_and_its_tasks_in_one_slot(queue: str, prior
             keys.task(task_id),
             keys.history(task_id),
             keys.payload(task_id),
+            keys.done(task_id),
             keys.result(task_id),
         ]
         assert {keys.slot(k) for k in queue_keys + task_keys} == {keys.slot("{" + queue + "}")}

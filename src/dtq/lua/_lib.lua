@@ -140,9 +140,19 @@ local function own_payload(hash_key, old_payload_key)
 end
 
 -- A task that reached a terminal state: its hash lives DTQ_TASK_RETENTION_S from now.
-local function retain(hash_key, old_payload_key, retention_s)
+-- When a producer waits for it (wait.lua set the hash's `waited` field), the terminal state is
+-- also pushed to them, in this same script: done_key (dtq:task:<id>:done) becomes a stream of
+-- one entry {status} with the hash's lifetime, which the waiters' XREAD BLOCK on it returns.
+-- A task nobody waits for pays one HEXISTS. Scripts that leave a task terminal as it was (a
+-- DLQ discard or purge) pass no done_key.
+local function retain(hash_key, old_payload_key, retention_s, done_key)
   own_payload(hash_key, old_payload_key)
   redis.call('EXPIRE', hash_key, retention_s)
+  if done_key and redis.call('HEXISTS', hash_key, 'waited') == 1 then
+    redis.call('DEL', done_key)
+    redis.call('XADD', done_key, '*', 'status', redis.call('HGET', hash_key, 'status'))
+    redis.call('EXPIRE', done_key, retention_s)
+  end
 end
 
 -- A task that is (again, or still) not terminal: its hash keeps no TTL.

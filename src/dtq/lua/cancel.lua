@@ -9,6 +9,7 @@
 -- KEYS[7] = dtq:cancelled   KEYS[8] = dtq:idempotency:<queue>:<key> (placeholder when none)
 -- KEYS[9] = dtq:stream:audit
 -- KEYS[10] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
+-- KEYS[11] = dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
 -- ARGV[1] task_id  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] event_id  [6] reason (e.g. "cancel", "purge")
 -- ARGV[7] audit actor ("" = no audit entry)  [8] audit request_id or ""
@@ -40,7 +41,7 @@ if ARGV[6] == 'purge' then
   fields[#fields + 1] = meta
 end
 redis.call('HSET', KEYS[1], unpack(fields))
-retain(KEYS[1], KEYS[10], retention)
+retain(KEYS[1], KEYS[10], retention, KEYS[11])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])

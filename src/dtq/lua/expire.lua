@@ -8,23 +8,23 @@
 -- The sweep does not read the tasks first: it gives each task's hash, history and old payload
 -- keys only. A task that needs more keys (QUEUED: its stream entry goes; an idempotency key:
 -- its record says failed) is then left unchanged and named in the reply with what its keys
--- are made of; the sweep calls again for it with all five keys. Delayed tasks, the usual
+-- are made of; the sweep calls again for it with all six keys. Delayed tasks, the usual
 -- burst, take one call.
 --
 -- KEYS[1] = dtq:retry:schedule   KEYS[2] = dtq:retry:claimed   KEYS[3] = dtq:expiry
 -- KEYS[4] = dtq:stream:audit
--- then, per task in order, 3 or 5 keys (its ARGV says which): dtq:task:<id>,
+-- then, per task in order, 4 or 6 keys (its ARGV says which): dtq:task:<id>,
 --   dtq:task:<id>:history, dtq:task:<id>:payload (an older dtq's payload key: own_payload in
---   _lib)
+--   _lib), dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
 --   [, dtq:stream:<queue>:p<N>, dtq:idempotency:<queue>:<key> (placeholder when none)]
 -- ARGV[1] mode: "manual" (now, whatever expires_at says) | "sweep" (only if due)
 -- ARGV[2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] audit actor ("" = no audit entry, as for the sweep)  [6] audit request_id or ""
 -- then three values per task i, from ARGV[6 + 3 * (i - 1) + 1]: task_id, event_id, and how
---   many keys it has (3 or 5)
+--   many keys it has (4 or 6)
 -- An audit entry (action "expire") is appended for each task marked expired.
 -- Returns one reply per task, in order: {"expired", from, queue, task_type} | {"skip", why}
---   | {"keys", queue, priority, idempotency_key} (3 keys given, 5 needed: nothing changed)
+--   | {"keys", queue, priority, idempotency_key} (4 keys given, 6 needed: nothing changed)
 --   | {"err", "NOT_FOUND"} | {"err", "STATUS", status}
 local call = redis.call
 local publish = string.byte(ARGV[4], 5) == 123 and 'SPUBLISH' or 'PUBLISH'  -- as emit in _lib
@@ -41,9 +41,10 @@ local out = {}
 local k = 4  -- the keys before this task's
 for i = 1, (#ARGV - 6) / 3 do
   local a = 6 + 3 * (i - 1)
-  local task_id, event_id, full = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '5'
-  local tkey, hkey, pkey, skey, ikey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], nil, nil
-  if full then skey, ikey = KEYS[k + 4], KEYS[k + 5]; k = k + 5 else k = k + 3 end
+  local task_id, event_id, full = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '6'
+  local tkey, hkey, pkey, dkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
+  local skey, ikey
+  if full then skey, ikey = KEYS[k + 5], KEYS[k + 6]; k = k + 6 else k = k + 4 end
   local h = call('HMGET', tkey, 'status', 'entry_id', 'queue', 'task_type', 'attempt',
     'idempotency_key', 'expires_at_ms', 'expires_at', 'priority')
   local status, queue, task_type = h[1], h[3] or '', h[4] or ''
@@ -78,7 +79,7 @@ for i = 1, (#ARGV - 6) / 3 do
       hist_push(hkey, retention, last)
     end
     call('HSET', tkey, 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
-    retain(tkey, pkey, retention)
+    retain(tkey, pkey, retention, dkey)
     call('ZREM', KEYS[1], task_id)
     call('ZREM', KEYS[2], task_id)
     call('ZREM', KEYS[3], task_id)

@@ -32,6 +32,7 @@
 -- KEYS[6] = dtq:idempotency:<queue>:<key> (placeholder when none)
 -- KEYS[7] = dtq:stream:dead-letter   KEYS[8] = dtq:result:<id>   KEYS[9] = dtq:cancelled
 -- KEYS[10] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
+-- KEYS[11] = dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] attempt
 -- ARGV[6] outcome  [7] result JSON ("" if none)  [8] result too large "1"/"0"
 -- ARGV[9] error_class  [10] error_message (sanitized)  [11] retryable "1"/"0"
@@ -107,8 +108,12 @@ if to == 'succeeded' then
     fields[#fields + 1] = '1'
     meta.result_truncated = true
   elseif ARGV[7] ~= '' and ARGV[7] ~= 'null' then
-    -- a None result is not stored: a missing key already reads as result None
+    -- a None result is not stored: a missing key already reads as result None. The hash's
+    -- `result_stored` says a key was written, so that a reader can tell a result that
+    -- expired (DTQ_RESULT_RETENTION_S) from a handler that returned None.
     redis.call('SET', KEYS[8], ARGV[7], 'EX', ARGV[16])
+    fields[#fields + 1] = 'result_stored'
+    fields[#fields + 1] = '1'
   end
   idem_state(KEYS[6], idem, task_id, 'completed', ts, ARGV[17])
 elseif to == 'retrying' then
@@ -163,7 +168,7 @@ end
 -- A task waiting for its retry is not terminal: no TTL however long it waits (DESIGN 11).
 if to == 'retrying' then retention = nil end
 redis.call('HSET', KEYS[1], unpack(fields))
-if retention then retain(KEYS[1], KEYS[10], retention) else persist(KEYS[1], KEYS[10]) end
+if retention then retain(KEYS[1], KEYS[10], retention, KEYS[11]) else persist(KEYS[1], KEYS[10]) end
 if not deleted then
   redis.call('XACK', KEYS[3], group, entry_id)
   redis.call('XDEL', KEYS[3], entry_id)

@@ -14,6 +14,7 @@
 -- KEYS[4] = dtq:retry:claimed   KEYS[5] = dtq:expiry   KEYS[6] = dtq:stream:<queue>:p<N>
 -- KEYS[7] = dtq:idempotency:<queue>:<key> (placeholder when none)
 -- KEYS[8] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
+-- KEYS[9] = dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
 -- ARGV[1] task_id  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] event_id
 -- Returns {"queued", from, entry_id, attempt} | {"expired", from} | {"skip", why}
@@ -44,7 +45,7 @@ if exp and exp ~= '' and tonumber(exp) <= now then
     from = 'queued'
   end
   redis.call('HSET', KEYS[1], 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
-  retain(KEYS[1], KEYS[8], retention)
+  retain(KEYS[1], KEYS[8], retention, KEYS[9])
   redis.call('ZREM', KEYS[3], task_id)
   redis.call('ZREM', KEYS[4], task_id)
   redis.call('ZREM', KEYS[5], task_id)

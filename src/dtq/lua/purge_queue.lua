@@ -15,8 +15,8 @@
 --
 -- KEYS[1] = dtq:retry:schedule   KEYS[2] = dtq:retry:claimed   KEYS[3] = dtq:expiry
 -- KEYS[4] = dtq:cancelled   KEYS[5] = dtq:stream:audit   KEYS[6..15] = dtq:stream:<queue>:p9..p0
--- KEYS[16 + 4i .. 19 + 4i] = dtq:task:<id_i>, its :history, its idempotency record key,
---   its :payload (an older dtq's payload key: own_payload in _lib)
+-- KEYS[16 + 5i .. 20 + 5i] = dtq:task:<id_i>, its :history, its idempotency record key,
+--   its :payload (an older dtq's payload key: own_payload in _lib), its :done (retain in _lib)
 -- ARGV[1] queue  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] audit actor ("" = no audit entry)  [6] audit request_id or ""
 -- ARGV[7 + 6i .. 12 + 6i] = task_id, stream entry id seen ("" for a schedule member), its
@@ -34,8 +34,8 @@ local function band_stream(band) return KEYS[6 + (9 - tonumber(band))] end
 for i = 0, n - 1 do
   local a = 7 + 6 * i
   local task_id, seen, band, event_id = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local kh, khist, kidem = KEYS[16 + 4 * i], KEYS[17 + 4 * i], KEYS[18 + 4 * i]
-  local kpayload = KEYS[19 + 4 * i]
+  local kh, khist, kidem = KEYS[16 + 5 * i], KEYS[17 + 5 * i], KEYS[18 + 5 * i]
+  local kpayload, kdone = KEYS[19 + 5 * i], KEYS[20 + 5 * i]
   local h = redis.call('HMGET', kh, 'status', 'entry_id', 'queue', 'task_type', 'attempt',
     'idempotency_key', 'metadata', 'priority')
   local status = h[1]
@@ -50,7 +50,7 @@ for i = 0, n - 1 do
     else
       redis.call('HSET', kh, 'status', 'cancelled', 'updated_at', ts, 'finished_at', ts,
         'metadata', ARGV[a + 5])
-      retain(kh, kpayload, retention)
+      retain(kh, kpayload, retention, kdone)
       redis.call('ZREM', KEYS[1], task_id)
       redis.call('ZREM', KEYS[2], task_id)
       redis.call('ZREM', KEYS[3], task_id)

@@ -40,6 +40,7 @@
 -- KEYS[6] = dtq:idempotency:<queue>:<key> (placeholder when none)
 -- KEYS[7] = dtq:stream:dead-letter
 -- KEYS[8] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
+-- KEYS[9] = dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] task retention s
 -- ARGV[6] idempotency TTL s  [7] events channel  [8] event_id  [9] DLQ enabled "1"/"0"
 -- ARGV[10] DLQ maxlen  [11] start token (random, one per start batch of a worker)
@@ -103,7 +104,7 @@ end
 -- A running task ends here without running again: cancelled, or dead (attempts exhausted).
 local function cancel_now(from, reason)
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ts, 'updated_at', ts)
-  retain(KEYS[1], KEYS[8], retention)
+  retain(KEYS[1], KEYS[8], retention, KEYS[9])
   redis.call('ZREM', KEYS[5], task_id)
   redis.call('SREM', KEYS[4], task_id)
   consume()
@@ -141,7 +142,7 @@ if status == 'running' then
     end
     redis.call('HSET', KEYS[1], 'status', to, 'finished_at', ts, 'updated_at', ts,
       'error_class', 'WorkerLost', 'error_message', message, 'retryable', '1')
-    retain(KEYS[1], KEYS[8], retention)
+    retain(KEYS[1], KEYS[8], retention, KEYS[9])
     redis.call('ZREM', KEYS[5], task_id)
     consume()
     idem_state(KEYS[6], idem, task_id, 'failed', ts, ARGV[6])
@@ -154,7 +155,7 @@ else
   local exp_ms = tonumber(h[6] or '')
   if exp_ms ~= nil and exp_ms <= now then
     redis.call('HSET', KEYS[1], 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
-    retain(KEYS[1], KEYS[8], retention)
+    retain(KEYS[1], KEYS[8], retention, KEYS[9])
     redis.call('ZREM', KEYS[5], task_id)
     consume()
     idem_state(KEYS[6], idem, task_id, 'failed', ts, ARGV[6])

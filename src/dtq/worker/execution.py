@@ -108,6 +108,7 @@ class Executor:
         clock: RedisClock,
         outage: RedisOutage,
         rng: random.Random,
+        queues: Sequence[str] = (),
     ) -> None:
         self.worker_id = worker_id
         self.settings = settings
@@ -134,6 +135,7 @@ class Executor:
             clock=clock,
             threads=self.threads,
             rng=rng,
+            queues=queues,
         )
         self.inflight: dict[str, Execution] = {}
         # entry id -> (entry, start token) of a start whose reply was lost (see start())

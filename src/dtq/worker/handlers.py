@@ -28,7 +28,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,6 +40,7 @@ from dtq.models import compact_json
 from dtq.retry import PayloadDecodeError, classify, next_retry_delay_s, sanitize
 from dtq.schedules import firing_of
 from dtq.store import Store, ms_to_dt
+from dtq.waits import HANDLER_QUEUES
 from dtq.worker.outage import TRANSIENT
 from dtq.worker.threads import ThreadJob, ThreadRunner
 from dtq_tasks import Handler, RescheduleError, TaskCancelled, TaskContext, TimeLimitExceeded
@@ -137,6 +138,7 @@ class Runner:
         clock: RedisClock,
         threads: ThreadRunner,
         rng: random.Random,
+        queues: Sequence[str] = (),
     ) -> None:
         self.worker_id = worker_id
         self.settings = settings
@@ -145,6 +147,7 @@ class Runner:
         self.clock = clock
         self.threads = threads
         self._rng = rng
+        self._queues = frozenset(queues)  # a handler's wait on one of these logs a warning
 
     async def run(self, ex: Execution) -> Outcome | None:
         """Run one started entry's handler; None when it was stopped for shutdown or a lost
@@ -193,6 +196,7 @@ class Runner:
         if not await self._lease_held(ex):
             raise LeaseLostError
         ex.handler_started = True
+        HANDLER_QUEUES.set(self._queues)  # this task's own context, copied into a thread's
         handler = call.handler
         if handler.is_async:
             async with asyncio.timeout(call.timeout_s):

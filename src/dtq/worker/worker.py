@@ -137,6 +137,7 @@ class Worker:
             clock=self.clock,
             outage=self.outage,
             rng=self._rng,
+            queues=self.queues,
         )
         self.inflight = self.execution.inflight
         self.intake = Intake(
