@@ -216,8 +216,7 @@ async def test_running_worker_serves_for_the_block(q: Queue) -> None:
     async with running_worker(q, queues=["default"]) as worker:
         assert worker.started.is_set()
         t = await q.submit("tt_echo", {"x": 1})
-        await wait_until(lambda: _status_is(q, t.task_id, TaskStatus.SUCCEEDED), 5, "ran")
-    assert (await q.get(t.task_id)).result == {"x": 1}
+        assert await q.result(t.task_id, timeout=5) == {"x": 1}
     # stopped: a task submitted now waits
     late = await q.submit("tt_echo", {})
     assert (await q.get(late.task_id)).status is TaskStatus.QUEUED
