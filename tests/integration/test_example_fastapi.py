@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dtq.devserver import free_port
+from dtq.devserver import SERVER_ENV, free_port
 from support.waiting import wait_until_sync
 from support.worker import REPO, WorkerProcess
 
@@ -23,7 +23,8 @@ START, END = "<!-- example:start -->", "<!-- example:end -->"
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_")}
+    # the suite's server binary (DTQ_REDIS_SERVER) carries over; no other dtq setting does
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_") or k == SERVER_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "src")])
     env.update(extra)
     return env

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import redis
 
+from dtq.devserver import SERVER_ENV
 from support.worker import REPO
 
 CONFTEST = """
@@ -75,7 +76,8 @@ def run_suite(folder: Path, **env: str) -> subprocess.CompletedProcess[str]:
     (folder / "pytest.ini").write_text(textwrap.dedent(INI))
     (folder / "conftest.py").write_text(textwrap.dedent(CONFTEST))
     (folder / "test_user.py").write_text(textwrap.dedent(SUITE))
-    full = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_")}
+    # the suite's server binary (DTQ_REDIS_SERVER) carries over; no other dtq setting does
+    full = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_") or k == SERVER_ENV}
     full["PYTHONPATH"] = str(REPO / "src")
     full.update(env)
     return subprocess.run(
