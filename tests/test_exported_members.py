@@ -14,7 +14,16 @@ import pytest
 
 import dtq
 
-PACKAGES = ["dtq", "dtq.admin", "dtq.api", "dtq.metrics", "dtq.worker", "dtq_cli", "dtq_tasks"]
+PACKAGES = [
+    "dtq",
+    "dtq.admin",
+    "dtq.api",
+    "dtq.metrics",
+    "dtq.testing",
+    "dtq.worker",
+    "dtq_cli",
+    "dtq_tasks",
+]
 """Every public package: each names its surface in ``__all__``."""
 
 MODULES = [
