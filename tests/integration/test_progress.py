@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+import httpx
 import pytest
 from redis.asyncio import Redis
 from websockets.asyncio.client import connect
@@ -124,6 +125,47 @@ async def test_the_api_task_body_and_the_websocket_show_progress(
         server.stop()
     plain = (await api.client.get(f"/api/v1/tasks/{(await queue.submit('x', {})).task_id}")).json()
     assert plain["progress"] is None
+
+
+async def test_the_tasks_event_stream_carries_its_progress(
+    settings: Settings, queue: Queue
+) -> None:
+    """GET /api/v1/tasks/{id}/events (server-sent events): a real handler's progress events,
+    in order between its start and its end, and the stream ends at the end."""
+
+    async def steps(payload: dict[str, Any], ctx: TaskContext) -> str:
+        ctx.progress(0.5, {"step": 1})
+        await asyncio.sleep(PROGRESS_INTERVAL_S + 0.1)
+        ctx.progress(1.0, {"step": 2})
+        return "done"
+
+    task = await queue.submit("pg_steps", {})
+    server = ApiServer(api_settings(settings))
+    server.start()
+    try:
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=15) as client,
+            client.stream("GET", f"/api/v1/tasks/{task.task_id}/events") as resp,
+        ):
+            assert resp.status_code == 200
+            async with running_worker(fast(settings), handlers(pg_steps=steps)):
+                seen: list[dict[str, Any]] = []
+                async with asyncio.timeout(15):
+                    async for line in resp.aiter_lines():
+                        if line.startswith("data:"):
+                            seen.append(json.loads(line.removeprefix("data:")))
+    finally:
+        server.stop()
+    assert [e["type"] for e in seen] == [
+        "TASK_STARTED",
+        "TASK_PROGRESS",
+        "TASK_PROGRESS",
+        "TASK_SUCCEEDED",
+    ]
+    assert [e["metadata"] for e in seen[1:3]] == [
+        {"fraction": 0.5, "data": {"step": 1}},
+        {"fraction": 1.0, "data": {"step": 2}},
+    ]
 
 
 async def test_a_producers_wait_returns_the_last_progress(settings: Settings, queue: Queue) -> None:
