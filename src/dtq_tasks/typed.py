@@ -52,18 +52,28 @@ P = ParamSpec("P")
 _UNSET: Any = object()
 
 
-class TaskHandle(Generic[R_co]):
-    """One task submitted through its definition: the :class:`dtq.models.Task` the submit
-    returned, and waits typed by the handler's return annotation."""
+Q = TypeVar("Q", Queue, SyncQueue)
 
-    def __init__(self, queue: Queue, task: Task, result_of: Callable[[Any], R_co]) -> None:
-        self.queue = queue
+
+class _Handle(Generic[Q, R_co]):
+    """What both handles hold: the queue, the submitted task, the result's conversion."""
+
+    def __init__(self, queue: Q, task: Task, result_of: Callable[[Any], R_co]) -> None:
+        self.queue: Q = queue
         self.task = task
         self._result_of = result_of
 
     @property
     def task_id(self) -> str:
         return self.task.task_id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.task.task_type!r}, {self.task.task_id!r})"
+
+
+class TaskHandle(_Handle[Queue, R_co]):
+    """One task submitted through its definition: the :class:`dtq.models.Task` the submit
+    returned, and waits typed by the handler's return annotation."""
 
     # ``timeout`` is the wait's own deadline, as in Queue.wait (not a cancellation scope).
     async def wait(self, *, timeout: float = DEFAULT_WAIT_S) -> Task:  # noqa: ASYNC109
@@ -75,30 +85,15 @@ class TaskHandle(Generic[R_co]):
         task that did not succeed)."""
         return self._result_of(await self.queue.result(self.task.task_id, timeout=timeout))
 
-    def __repr__(self) -> str:
-        return f"TaskHandle({self.task.task_type!r}, {self.task.task_id!r})"
 
-
-class SyncTaskHandle(Generic[R_co]):
+class SyncTaskHandle(_Handle[SyncQueue, R_co]):
     """:class:`TaskHandle` for a :class:`dtq.SyncQueue`: the same waits, blocking."""
-
-    def __init__(self, queue: SyncQueue, task: Task, result_of: Callable[[Any], R_co]) -> None:
-        self.queue = queue
-        self.task = task
-        self._result_of = result_of
-
-    @property
-    def task_id(self) -> str:
-        return self.task.task_id
 
     def wait(self, *, timeout: float = DEFAULT_WAIT_S) -> Task:
         return self.queue.wait(self.task.task_id, timeout=timeout)
 
     def result(self, *, timeout: float = DEFAULT_WAIT_S) -> R_co:
         return self._result_of(self.queue.result(self.task.task_id, timeout=timeout))
-
-    def __repr__(self) -> str:
-        return f"SyncTaskHandle({self.task.task_type!r}, {self.task.task_id!r})"
 
 
 class TaskDef(Generic[PayloadT, R]):

@@ -17,7 +17,7 @@ from dtq.config import Settings
 from dtq.connection import sync_client
 from dtq_tasks import Handler, TaskContext
 from support import running_worker, wait_until
-from support.cli import MISSING_ID, Cli, fast_settings
+from support.cli import MISSING_ID, Cli, fast_settings, task_count
 
 pytestmark = pytest.mark.backends("single", "cluster")
 
@@ -36,15 +36,6 @@ def audit_entries(settings: Settings) -> list[dict[str, str]]:
     client = sync_client(settings, socket_timeout=5)
     try:
         return [fields for _, fields in client.xrange(keys.audit("default"))]
-    finally:
-        client.close()
-
-
-def task_count(settings: Settings) -> int:
-    """How many tasks the default queue's recent index holds."""
-    client = sync_client(settings, socket_timeout=5)
-    try:
-        return int(client.zcard(keys.recent("default")))
     finally:
         client.close()
 

@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 
-from dtq import keys, waits
+from dtq import waits
 from dtq.config import Settings
-from dtq.connection import sync_client
 from dtq_cli.flags import DEFAULT_WAIT_S
 from dtq_tasks import Handler, PermanentError, TaskContext
 from support import running_worker
-from support.cli import MISSING_ID, Cli, Run, fast_settings
+from support.cli import MISSING_ID, Cli, Run, fast_settings, task_count
 
 pytestmark = pytest.mark.backends("single", "cluster")
 
@@ -48,14 +47,6 @@ async def worker(settings: Settings) -> AsyncIterator[None]:
 async def run(cli: Cli, *args: str) -> Run:
     """The command in a thread, so the worker in this event loop runs meanwhile."""
     return await asyncio.to_thread(cli, *args)
-
-
-def task_count(settings: Settings) -> int:
-    client = sync_client(settings, socket_timeout=5)
-    try:
-        return int(client.zcard(keys.recent("default")))
-    finally:
-        client.close()
 
 
 # -- dtq wait -------------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dtq import keys
 from dtq.config import Settings
+from dtq.connection import sync_client
 
 DTQ = str(Path(sys.executable).with_name("dtq"))
 REPO = Path(__file__).resolve().parents[2]
@@ -153,3 +155,12 @@ def fast_settings(redis_url: str, *, cluster: bool = False) -> Settings:
         retry_base_delay=0.05,
         retry_max_delay=0.1,
     )
+
+
+def task_count(settings: Settings) -> int:
+    """How many tasks the default queue's recent index holds (a refused submit adds none)."""
+    client = sync_client(settings, socket_timeout=5)
+    try:
+        return int(client.zcard(keys.recent("default")))
+    finally:
+        client.close()

@@ -107,6 +107,23 @@ local function drop_entry(stream, group, entry_id)
   return true
 end
 
+-- The fencing rule's first half (DESIGN 3, docs/delivery-guarantees.md), for a script of the
+-- worker that holds an entry: the entry must be pending for this worker, or gone from its
+-- stream (removed outside dtq: the task's hash is then the lease, which the caller checks).
+-- Returns why the caller is fenced (nil: it is not), and whether the entry is gone.
+local function entry_fence(stream, group, entry_id, worker)
+  -- pcall: a stream deleted with its group (NOGROUP) holds the entry no more.
+  local p = redis.pcall('XPENDING', stream, group, entry_id, entry_id, 1)
+  if p.err ~= nil or #p == 0 then
+    if #redis.call('XRANGE', stream, entry_id, entry_id, 'COUNT', 1) > 0 then
+      return 'not_pending', false
+    end
+    return nil, true
+  end
+  if p[1][2] ~= worker then return 'owner:' .. p[1][2], false end
+  return nil, false
+end
+
 -- Append one operator action to the audit stream (contract 13) in the script that makes the
 -- change, so the entry and the change are one atomic step. No actor: nothing is written.
 -- Fields: the contract's {actor, action, task_id, ts, request_id} plus `queue` (extension: a

@@ -44,16 +44,8 @@ local task_id, entry_id, worker, group = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local attempt = tonumber(ARGV[5])
 local outcome = ARGV[6]
 
-local p = redis.pcall('XPENDING', KEYS[3], group, entry_id, entry_id, 1)
-local deleted = p.err ~= nil or #p == 0
-if deleted then
-  -- pcall: a stream deleted with its group (NOGROUP) holds the entry no more.
-  if #redis.call('XRANGE', KEYS[3], entry_id, entry_id, 'COUNT', 1) > 0 then
-    return {'fenced', 'not_pending'}
-  end
-elseif p[1][2] ~= worker then
-  return {'fenced', 'owner:' .. p[1][2]}
-end
+local fenced, deleted = entry_fence(KEYS[3], group, entry_id, worker)
+if fenced then return {'fenced', fenced} end
 local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'attempt', 'max_attempts',
   'queue', 'task_type', 'idempotency_key', 'expires_at_ms', 'cancel_requested', 'worker_id')
 if not h[1] then return {'fenced', 'missing'} end

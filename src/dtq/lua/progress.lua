@@ -20,15 +20,8 @@
 local entry_id, worker, group = ARGV[2], ARGV[3], ARGV[4]
 local attempt = tonumber(ARGV[5])
 
-local p = redis.pcall('XPENDING', KEYS[2], group, entry_id, entry_id, 1)
-local deleted = p.err ~= nil or #p == 0
-if deleted then
-  if #redis.call('XRANGE', KEYS[2], entry_id, entry_id, 'COUNT', 1) > 0 then
-    return {'fenced', 'not_pending'}
-  end
-elseif p[1][2] ~= worker then
-  return {'fenced', 'owner:' .. p[1][2]}
-end
+local fenced = entry_fence(KEYS[2], group, entry_id, worker)
+if fenced then return {'fenced', fenced} end
 local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'attempt', 'worker_id', 'queue',
   'task_type')
 if not h[1] then return {'fenced', 'missing'} end
