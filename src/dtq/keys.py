@@ -57,6 +57,8 @@ __all__ = [
     "expiry",
     "history",
     "idempotency",
+    "limit_state",
+    "limits",
     "operation",
     "payload",
     "queue_last_submit",
@@ -300,6 +302,24 @@ def schedule(name: str, queue: str) -> str:
 def schedule_history(name: str, queue: str) -> str:
     """A schedule's capped list of decisions (fired, skipped, missed), newest first."""
     return schedule(name, queue) + ":history"
+
+
+# -- rate and concurrency limits (deliberate extension: docs/limits.md) ------------------------
+
+
+def limits(queue: str) -> str:
+    """The limit definitions (a hash: limit name -> its JSON): one for every limit in the flat
+    layout; in the cluster one, one per queue, holding the limits of that queue's tasks (in its
+    slot, so the script that stores one also writes its audit entry)."""
+    return _q(queue) + "limits" if _CLUSTER else "dtq:limits"
+
+
+def limit_state(queue: str, name: str, key_value: str = "") -> str:
+    """The prefix of one limit's state (of one key value of a keyed limit), in its queue's
+    slot: ``<prefix>:rate`` (GCRA's theoretical arrival time), ``<prefix>:running`` (the
+    RUNNING tasks holding a place), ``<prefix>:waiting`` (the tasks parked for a place)."""
+    base = (_q(queue) if _CLUSTER else "dtq:") + "limit:" + name
+    return base + ":k:" + key_value if key_value else base
 
 
 # -- a task's keys ------------------------------------------------------------------------------
