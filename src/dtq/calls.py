@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
@@ -539,11 +539,26 @@ async def _read_one(db: Backend, plan: ReadPlan, count: int) -> ReadReply:
 # -- start.lua ----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class LimitUse:
+    """One limit as one task meets it (docs/limits.md): its name, the prefix of its state for
+    the task's key value (:func:`dtq.keys.limit_state`), GCRA's interval and tolerance in ms
+    (0: no rate) and its concurrency (0: none)."""
+
+    name: str
+    prefix: str
+    interval_ms: float
+    tolerance_ms: float
+    concurrency: int
+
+
 @dataclass(frozen=True)
 class StartReply:
     """start.lua's answer. ``kind`` is run, missing, terminal, cancelled, duplicate, expired,
-    dead or fenced (the entry is not pending for this worker); the numbers are set for
-    ``run``."""
+    dead, throttled (parked by a limit: ``detail`` its name, ``reason`` rate or concurrency,
+    ``until_ms`` when it is due again) or fenced (the entry is not pending for this worker);
+    the numbers are set for ``run``, with ``throttled_ms`` how long a limit held the task back
+    before this start (None: never) and ``limits`` the places it holds."""
 
     kind: str
     detail: str = ""
@@ -553,13 +568,19 @@ class StartReply:
     expires_at_ms: int | None = None
     created_ms: int | None = None
     started_ms: int = 0
+    throttled_ms: int | None = None
+    reason: str = ""
+    until_ms: int = 0
+    limits: tuple[LimitUse, ...] = ()
 
     @classmethod
-    def parse(cls, reply: Sequence[Any]) -> StartReply:
+    def parse(cls, reply: Sequence[Any], limits: tuple[LimitUse, ...] = ()) -> StartReply:
         kind = str(reply[0])
+        if kind == "throttled":
+            return cls(kind, str(reply[1]), reason=str(reply[2]), until_ms=int(reply[3]))
         if kind != "run":
             return cls(kind, str(reply[1]) if len(reply) > 1 else "")
-        _, attempt, max_attempts, timeout_ms, exp_ms, created_ms, started_ms = reply
+        attempt, max_attempts, timeout_ms, exp_ms, created_ms, started_ms = reply[1:7]
         return cls(
             kind,
             attempt=int(attempt),
@@ -568,6 +589,8 @@ class StartReply:
             expires_at_ms=_int_or_none(exp_ms),
             created_ms=_int_or_none(created_ms),
             started_ms=int(started_ms),
+            throttled_ms=_int_or_none(reply[7]) if len(reply) > 7 else None,
+            limits=limits,
         )
 
 
@@ -577,50 +600,59 @@ async def start_many(
     worker_id: str,
     token: str = "",
     resume: Mapping[str, str] | None = None,
+    limits: Callable[[Entry], tuple[LimitUse, ...]] | None = None,
 ) -> list[StartReply | Exception]:
     """start.lua for every entry of a read batch, in one round trip; the reply or the error of
     each, in order. A lost connection is raised. ``token``: this batch's start token (kept in
     the hash of each task it runs); ``resume``: entry id -> the token of an earlier start of
     that entry whose reply was lost (by :func:`entry_key`), sent again as a resume (see the
-    script's header)."""
+    script's header); ``limits``: the limits each entry's task meets (none: no limit)."""
     s = db.settings
     dlq = _flag(s.dlq_enabled)
     again = resume or {}
     lone = (token, "0")  # the two last ARGV of a call that resumes nothing
     calls: list[Call] = []
+    uses: list[tuple[LimitUse, ...]] = []
     for e in entries:
         qk = queue_keys(e.queue)
-        calls.append(
-            (
-                "start",
-                [
-                    keys.task(e.task_id),
-                    keys.history(e.task_id),
-                    e.stream,
-                    qk.cancelled,
-                    qk.expiry,
-                    keys.idempotency(e.queue, e.idempotency_key),
-                    qk.dead_letter,
-                    keys.payload(e.task_id),
-                    keys.done(e.task_id),
-                ],
-                [
-                    e.task_id,
-                    e.entry_id,
-                    worker_id,
-                    keys.CONSUMER_GROUP,
-                    s.task_retention_s,
-                    s.idem_ttl_s,
-                    qk.events,
-                    new_id(),
-                    dlq,
-                    s.dlq_maxlen,
-                    *((again.get(e.key, token), _flag(e.key in again)) if again else lone),
-                ],
-            )
-        )
+        call_keys = [
+            keys.task(e.task_id),
+            keys.history(e.task_id),
+            e.stream,
+            qk.cancelled,
+            qk.expiry,
+            keys.idempotency(e.queue, e.idempotency_key),
+            qk.dead_letter,
+            keys.payload(e.task_id),
+            keys.done(e.task_id),
+        ]
+        argv: list[Any] = [
+            e.task_id,
+            e.entry_id,
+            worker_id,
+            keys.CONSUMER_GROUP,
+            s.task_retention_s,
+            s.idem_ttl_s,
+            qk.events,
+            new_id(),
+            dlq,
+            s.dlq_maxlen,
+            *((again.get(e.key, token), _flag(e.key in again)) if again else lone),
+        ]
+        use = limits(e) if limits is not None else ()
+        if use:
+            call_keys.append(qk.retry_schedule)
+            argv.append(len(use))
+            for u in use:
+                call_keys += [u.prefix + ":rate", u.prefix + ":running", u.prefix + ":waiting"]
+                argv += [u.name, u.interval_ms, u.tolerance_ms, u.concurrency]
+        uses.append(use)
+        calls.append(("start", call_keys, argv))
     replies = await db.scripts.call_many(db.redis, calls)
-    return [r if isinstance(r, Exception) else StartReply.parse(r) for r in replies]
+    return [
+        r if isinstance(r, Exception) else StartReply.parse(r, use)
+        for r, use in zip(replies, uses, strict=True)
+    ]
 
 
 # -- finish.lua ---------------------------------------------------------------------------------
@@ -659,50 +691,57 @@ _FINISHED = {s: FinishReply(s) for s in ("succeeded", "failed", "dead_lettered",
 
 
 def finish_call(
-    entry: Entry, attempt: int, outcome: Outcome, worker_id: str, settings: Settings
+    entry: Entry,
+    attempt: int,
+    outcome: Outcome,
+    worker_id: str,
+    settings: Settings,
+    limits: Sequence[LimitUse] = (),
 ) -> Call:
-    """The finish.lua call of one execution (sent in a batch by :func:`finish_many`)."""
+    """The finish.lua call of one execution (sent in a batch by :func:`finish_many`);
+    ``limits``: the places its start took, which the finish gives back."""
     s = settings
     qk = queue_keys(entry.queue)
-    return (
-        "finish",
-        [
-            keys.task(entry.task_id),
-            keys.history(entry.task_id),
-            entry.stream,
-            qk.retry_schedule,
-            qk.expiry,
-            keys.idempotency(entry.queue, entry.idempotency_key),
-            qk.dead_letter,
-            keys.result(entry.task_id),
-            qk.cancelled,
-            keys.payload(entry.task_id),
-            keys.done(entry.task_id),
-        ],
-        [
-            entry.task_id,
-            entry.entry_id,
-            worker_id,
-            keys.CONSUMER_GROUP,
-            attempt,
-            outcome.kind,
-            outcome.result_json,
-            _flag(outcome.result_too_large),
-            outcome.error_class,
-            outcome.error_message,
-            _flag(outcome.retryable),
-            outcome.delay_ms,
-            "" if outcome.extend_ms is None else outcome.extend_ms,
-            outcome.duration_ms,
-            s.task_retention_s,
-            s.result_retention_s,
-            s.idem_ttl_s,
-            qk.events,
-            new_id(),
-            _flag(s.dlq_enabled),
-            s.dlq_maxlen,
-        ],
-    )
+    key_list = [
+        keys.task(entry.task_id),
+        keys.history(entry.task_id),
+        entry.stream,
+        qk.retry_schedule,
+        qk.expiry,
+        keys.idempotency(entry.queue, entry.idempotency_key),
+        qk.dead_letter,
+        keys.result(entry.task_id),
+        qk.cancelled,
+        keys.payload(entry.task_id),
+        keys.done(entry.task_id),
+    ]
+    argv: list[Any] = [
+        entry.task_id,
+        entry.entry_id,
+        worker_id,
+        keys.CONSUMER_GROUP,
+        attempt,
+        outcome.kind,
+        outcome.result_json,
+        _flag(outcome.result_too_large),
+        outcome.error_class,
+        outcome.error_message,
+        _flag(outcome.retryable),
+        outcome.delay_ms,
+        "" if outcome.extend_ms is None else outcome.extend_ms,
+        outcome.duration_ms,
+        s.task_retention_s,
+        s.result_retention_s,
+        s.idem_ttl_s,
+        qk.events,
+        new_id(),
+        _flag(s.dlq_enabled),
+        s.dlq_maxlen,
+    ]
+    if limits:
+        key_list += [k for u in limits for k in (u.prefix + ":running", u.prefix + ":waiting")]
+        argv.append(len(limits))
+    return ("finish", key_list, argv)
 
 
 async def finish_many(db: Backend, calls: Sequence[Call]) -> list[FinishReply | Exception]:

@@ -148,7 +148,9 @@ TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
 # purge (DEAD_LETTERED -> DEAD_LETTERED). No status change other than TRANSITIONS and the
 # requeue is ever written.
 HISTORY_EXTENSIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
-    S.QUEUED: frozenset({S.QUEUED}),
+    # QUEUED -> PENDING: a task over one of its limits, parked until it is due again
+    # (docs/limits.md); its attempt is not counted.
+    S.QUEUED: frozenset({S.QUEUED, S.PENDING}),
     S.RUNNING: frozenset({S.RUNNING}),
     S.DEAD_LETTERED: frozenset({S.QUEUED, S.DEAD_LETTERED}),
 }
@@ -174,6 +176,8 @@ EVENT_TYPES = (
     "SCHEDULE_SKIPPED",
     # Deliberate extension (docs/handlers.md, "Progress"): a running handler's ctx.progress().
     "TASK_PROGRESS",
+    # Deliberate extension (docs/limits.md): a task over one of its limits was parked.
+    "TASK_THROTTLED",
 )
 
 

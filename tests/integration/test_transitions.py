@@ -171,6 +171,16 @@ async def removed_entry_path(q: Queue, r: Redis, settings: Settings) -> list[str
     return [task.task_id]
 
 
+async def throttled_path(q: Queue, r: Redis, settings: Settings) -> list[str]:
+    """A limit parks a queued task (QUEUED -> PENDING, docs/limits.md), which runs once due."""
+    await r.hset(keys.limits("tr-limited"), "tr-slow", '{"queue":"tr-limited","rate":"1/500ms"}')
+    tasks = [await q.submit("tr_ok", queue="tr-limited") for _ in range(2)]
+    async with running_worker(fast(settings), WORKER_HANDLERS, queues=("tr-limited",)):
+        for task in tasks:
+            await wait_status(r, task.task_id, "succeeded")
+    return [t.task_id for t in tasks]
+
+
 async def no_dlq_path(q: Queue, r: Redis, settings: Settings) -> list[str]:
     """finish with the DLQ disabled: FAILED."""
     task = await q.submit("tr_perm", queue="tr-nodlq")
@@ -222,6 +232,7 @@ async def test_every_history_step_is_in_the_table_and_every_pair_is_written(
     ids += await worker_paths(queue, r, settings)
     ids += await start_expired_path(queue, r, settings)
     ids += await no_dlq_path(queue, r, settings)
+    ids += await throttled_path(queue, r, settings)
     ids += await removed_entry_path(queue, r, settings)
     ids += await crash_paths(queue, r, settings, spawn)
 

@@ -124,6 +124,22 @@ local function entry_fence(stream, group, entry_id, worker)
   return nil, false
 end
 
+-- A place of a limit came free (docs/limits.md, "How a limit is enforced"): the first task
+-- parked for a place (highest priority, then parked longest) is made due now in the retry
+-- schedule, for the scheduler to promote. A member no longer in the schedule (cancelled,
+-- expired, or promoted by its own re-check meanwhile) is dropped and the next one taken.
+local function limit_promote(waiting, schedule, now)
+  while true do
+    local w = redis.call('ZPOPMIN', waiting)
+    if #w == 0 then return end
+    local due = redis.call('ZSCORE', schedule, w[1])
+    if due then
+      if tonumber(due) > now then redis.call('ZADD', schedule, now, w[1]) end
+      return
+    end
+  end
+end
+
 -- Append one operator action to the audit stream (contract 13) in the script that makes the
 -- change, so the entry and the change are one atomic step. No actor: nothing is written.
 -- Fields: the contract's {actor, action, task_id, ts, request_id} plus `queue` (extension: a

@@ -33,6 +33,9 @@
 -- KEYS[7] = dtq:stream:dead-letter   KEYS[8] = dtq:result:<id>   KEYS[9] = dtq:cancelled
 -- KEYS[10] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- KEYS[11] = dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
+-- then, for each limit whose place the start took (ARGV[22] says how many; docs/limits.md):
+-- KEYS[10 + 2i] = its running set, KEYS[11 + 2i] = its waiting set. The task gives its place
+-- back whatever its outcome (it leaves RUNNING), and the first waiter is made due.
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] attempt
 -- ARGV[6] outcome  [7] result JSON ("" if none)  [8] result too large "1"/"0"
 -- ARGV[9] error_class  [10] error_message (sanitized)  [11] retryable "1"/"0"
@@ -167,6 +170,11 @@ if not deleted then
 end
 redis.call('SREM', KEYS[9], task_id)
 if to ~= 'retrying' then redis.call('ZREM', KEYS[5], task_id) end
+for i = 1, tonumber(ARGV[22]) or 0 do
+  if redis.call('ZREM', KEYS[10 + 2 * i], task_id) == 1 then
+    limit_promote(KEYS[11 + 2 * i], KEYS[4], now)
+  end
+end
 local reason = outcome
 if outcome == 'error' and to ~= 'retrying' and to ~= 'cancelled' then
   reason = retryable == '1' and 'attempts_exhausted' or 'permanent_error'

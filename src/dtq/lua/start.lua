@@ -45,8 +45,23 @@
 -- ARGV[6] idempotency TTL s  [7] events channel  [8] event_id  [9] DLQ enabled "1"/"0"
 -- ARGV[10] DLQ maxlen  [11] start token (random, one per start batch of a worker)
 -- ARGV[12] "1": resume a start sent with that token whose reply was lost; else "0"
+-- Limits (docs/limits.md, "How a limit is enforced"): ARGV[13] how many the task meets
+-- (absent: none); for the i-th, ARGV[10 + 4i] its name, [11 + 4i] GCRA's interval in ms (0: no
+-- rate), [12 + 4i] GCRA's tolerance in ms, [13 + 4i] its concurrency (0: none); KEYS[10] the
+-- retry schedule, KEYS[8 + 3i] its rate state (hash {tat}), [9 + 3i] its running set,
+-- [10 + 3i] its waiting set. Before step 7, a queued task over one of them is parked instead
+-- (its entry consumed, PENDING until it is due again, the attempt not counted, TASK_THROTTLED):
+--   rate: due when the rate allows it (GCRA: the theoretical arrival time less the tolerance);
+--   concurrency: in the waiting set, promoted by the finish that frees a place, and due again
+--   after PARKED_RECHECK_MS all the same.      {"throttled", limit, "rate"|"concurrency", due ms}
+-- A started task holds a place (its id in the running set) until its finish; a redelivered
+-- one keeps it, and gives it back if it ends here (cancelled, dead).
+-- The "run" reply carries, 8th, how long limits held the task back before this start (ms, or
+-- "" when they never did).
 local task_id, entry_id, worker, group = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retention = tonumber(ARGV[5])
+local nlim = tonumber(ARGV[13]) or 0
+local PARKED_RECHECK_MS = 30000
 
 local function consume()
   redis.call('XACK', KEYS[3], group, entry_id)
@@ -60,7 +75,7 @@ if p[1][2] ~= worker then return {'fenced', 'owner:' .. p[1][2]} end
 -- HMGET gives false for a missing field.
 local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'attempt', 'max_attempts',
   'timeout_ms', 'expires_at_ms', 'queue', 'task_type', 'idempotency_key', 'cancel_requested',
-  'created_ms', 'expires_at')
+  'created_ms', 'expires_at', 'throttled_at_ms')
 local status = h[1]
 if not status then
   consume()
@@ -101,8 +116,37 @@ if h[2] ~= entry_id or (status ~= 'queued' and status ~= 'running') then
   return {'duplicate', status}
 end
 
+-- A redelivered task that ends here gives its limits' places back.
+local function release_places()
+  for i = 1, nlim do
+    if redis.call('ZREM', KEYS[9 + 3 * i], task_id) == 1 then
+      limit_promote(KEYS[10 + 3 * i], KEYS[10], now)
+    end
+  end
+end
+
+-- A task over one of its limits waits, parked (see the header).
+local function park(i, why, due_ms)
+  local name = ARGV[10 + 4 * i]
+  if why == 'concurrency' then
+    local priority = tonumber(redis.call('HGET', KEYS[1], 'priority')) or 5
+    redis.call('ZADD', KEYS[10 + 3 * i], (9 - priority) * 1e13 + now, task_id)
+  end
+  consume()
+  local due = iso(due_ms)
+  redis.call('HSET', KEYS[1], 'status', 'pending', 'available_at', due, 'updated_at', ts)
+  if not h[13] then redis.call('HSET', KEYS[1], 'throttled_at_ms', now) end
+  redis.call('ZADD', KEYS[10], due_ms, task_id)
+  hist(KEYS[2], nil, ts, 'queued', 'pending', prev, worker, 'throttled',
+    {limit = name, throttle = why, ['until'] = due})
+  emit(ARGV[7], ARGV[8], ts, 'TASK_THROTTLED', task_id, queue, task_type, prev, worker,
+    {limit = name, reason = why, ['until'] = due})
+  return {'throttled', name, why, due_ms}
+end
+
 -- A running task ends here without running again: cancelled, or dead (attempts exhausted).
 local function cancel_now(from, reason)
+  release_places()
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ts, 'updated_at', ts)
   retain(KEYS[1], KEYS[8], retention, KEYS[9])
   redis.call('ZREM', KEYS[5], task_id)
@@ -140,6 +184,7 @@ if status == 'running' then
       redis.call('HSET', KEYS[1], 'dlq_entry_id', dlq_id)
       extra.dlq_entry_id = dlq_id
     end
+    release_places()
     redis.call('HSET', KEYS[1], 'status', to, 'finished_at', ts, 'updated_at', ts,
       'error_class', 'WorkerLost', 'error_message', message, 'retryable', '1')
     retain(KEYS[1], KEYS[8], retention, KEYS[9])
@@ -166,6 +211,44 @@ else
   end
 end
 
+if nlim > 0 then
+  if status == 'queued' then
+    -- Every limit is checked before any place is taken: a task parked by its second limit
+    -- has not used its first one's rate.
+    local tats = {}
+    for i = 1, nlim do
+      local concurrency = tonumber(ARGV[13 + 4 * i])
+      if concurrency > 0 and redis.call('ZCARD', KEYS[9 + 3 * i]) >= concurrency
+          and not redis.call('ZSCORE', KEYS[9 + 3 * i], task_id) then
+        return park(i, 'concurrency', now + PARKED_RECHECK_MS)
+      end
+      local interval = tonumber(ARGV[11 + 4 * i])
+      if interval > 0 then
+        local tat = tonumber(redis.call('HGET', KEYS[8 + 3 * i], 'tat')) or now
+        if tat < now then tat = now end
+        local tolerance = tonumber(ARGV[12 + 4 * i])
+        if tat - now > tolerance then return park(i, 'rate', math.ceil(tat - tolerance)) end
+        tats[i] = tat + interval
+      end
+    end
+    for i = 1, nlim do
+      if tats[i] then
+        redis.call('HSET', KEYS[8 + 3 * i], 'tat', tats[i])
+        -- idle state goes: the key lives until the arrival time has passed (plus a second)
+        redis.call('PEXPIRE', KEYS[8 + 3 * i], math.ceil(tats[i] - now) + 1000)
+      end
+    end
+  end
+  for i = 1, nlim do  -- a redelivered task keeps its place (the member is its id)
+    if tonumber(ARGV[13 + 4 * i]) > 0 then redis.call('ZADD', KEYS[9 + 3 * i], now, task_id) end
+  end
+end
+local throttled_ms = ''
+if h[13] then
+  throttled_ms = now - (tonumber(h[13]) or now)
+  redis.call('HDEL', KEYS[1], 'throttled_at_ms')
+end
+
 redis.call('HSET', KEYS[1], 'status', 'running', 'attempt', attempt, 'started_at', ts,
   'worker_id', worker, 'updated_at', ts, 'start_token', ARGV[11])
 if prev > 0 then
@@ -181,4 +264,5 @@ local reason = status == 'running' and 'redelivered' or 'started'
 hist(KEYS[2], nil, ts, status, 'running', attempt, worker, reason)
 emit(ARGV[7], ARGV[8], ts, 'TASK_STARTED', task_id, queue, task_type, attempt, worker,
   status == 'running' and {redelivered = true} or nil)
-return {'run', attempt, max_attempts, tonumber(h[5]) or 0, h[6] or '', h[11] or '', now}
+return {'run', attempt, max_attempts, tonumber(h[5]) or 0, h[6] or '', h[11] or '', now,
+  throttled_ms}

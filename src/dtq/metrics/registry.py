@@ -65,6 +65,7 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 RETRY_DELAY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 120.0, 300.0)
 # Seconds from a tick to its enqueue: milliseconds on the leader, TAKEOVER_MS after a stall.
+THROTTLE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 SCHEDULE_LAG_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
@@ -164,6 +165,15 @@ class Metrics:
         self.schedule_lag = Histogram(
             "dtq_schedule_lag_seconds", "Tick -> its task enqueued, for each firing", qt,
             buckets=SCHEDULE_LAG_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.throttled = Counter(
+            "dtq_tasks_throttled", "Starts a rate or concurrency limit parked (docs/limits.md)",
+            qt, registry=r,
+        )  # fmt: skip
+        self.throttle_wait = Histogram(
+            "dtq_throttle_wait_seconds",
+            "First park by a limit -> the start that ran the task, for each throttled task", qt,
+            buckets=THROTTLE_WAIT_BUCKETS, registry=r,
         )  # fmt: skip
         self.rejected = Counter(
             "dtq_ingest_rejected", "Submissions refused", ["queue", "reason"], registry=r
@@ -270,6 +280,12 @@ class Metrics:
         self._child(self.schedule_firings, *qt, status).inc(n)
         if lag_s is not None:
             self._child(self.schedule_lag, *qt).observe(lag_s)
+
+    def task_throttled(self, queue: str, task_type: str) -> None:
+        self._child(self.throttled, *self._qt(queue, task_type)).inc()
+
+    def throttle_waited(self, queue: str, task_type: str, wait_s: float) -> None:
+        self._child(self.throttle_wait, *self._qt(queue, task_type)).observe(max(0.0, wait_s))
 
     def redis_op(self, operation: str, ok: bool) -> None:
         self._child(self.redis_ops, operation, "ok" if ok else "error").inc()

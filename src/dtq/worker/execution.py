@@ -36,6 +36,7 @@ from dtq.log import bind as bind_log_fields
 from dtq.store import Store
 from dtq.worker.finish import Finisher
 from dtq.worker.handlers import Execution, Runner
+from dtq.worker.limits import LimitCache
 from dtq.worker.observer import TaskStarted, WorkerObserver
 from dtq.worker.outage import NOT_RUN, TRANSIENT, RedisOutage
 from dtq.worker.threads import ThreadRunner
@@ -126,6 +127,7 @@ class Executor:
             observers=observers,
             outage=outage,
         )
+        self.limits = LimitCache(store, queues)  # read again every second by the worker
         self.threads = ThreadRunner(concurrency)  # sync handlers: one thread per slot at most
         self.runner = Runner(
             worker_id=worker_id,
@@ -200,7 +202,14 @@ class Executor:
             return
         token = os.urandom(8).hex()
         try:
-            replies = await calls.start_many(self.store, todo, self.worker_id, token, resume)
+            replies = await calls.start_many(
+                self.store,
+                todo,
+                self.worker_id,
+                token,
+                resume,
+                None if self.limits.empty else self.limits.uses,
+            )
         except TRANSIENT:
             self._capacity.release(len(todo))
             for entry in todo:
@@ -253,7 +262,13 @@ class Executor:
             if start.attempt == 1 and start.created_ms is not None:
                 wait_ms = start.started_ms - start.created_ms
             event = TaskStarted(
-                entry.task_id, entry.queue, entry.task_type, start.attempt, wait_ms, entry.payload
+                entry.task_id,
+                entry.queue,
+                entry.task_type,
+                start.attempt,
+                wait_ms,
+                entry.payload,
+                start.throttled_ms,
             )
             for obs in self.observers:
                 obs.task_started(event)

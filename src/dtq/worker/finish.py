@@ -75,7 +75,12 @@ class Finisher:
 
     def skipped(self, entry: Entry, start: StartReply) -> None:
         """start.lua consumed ``entry`` without running it."""
-        level = logging.WARNING if start.kind in {"duplicate", "dead", "fenced"} else logging.INFO
+        if start.kind == "throttled":  # a limit's everyday work: counted, not logged
+            level = logging.DEBUG
+        elif start.kind in {"duplicate", "dead", "fenced"}:
+            level = logging.WARNING
+        else:
+            level = logging.INFO
         log.log(
             level,
             "task %s (entry %s of %s) not run: %s %s",
@@ -105,7 +110,9 @@ class Finisher:
         the next pipeline (the wait is shielded: the call is sent anyway), then the reply is
         logged, counted and told. Returns the status finish.lua recorded, ``fenced``, or
         ``error`` (the finish could not be sent)."""
-        call = calls.finish_call(entry, start.attempt, outcome, self.worker_id, self.settings)
+        call = calls.finish_call(
+            entry, start.attempt, outcome, self.worker_id, self.settings, start.limits
+        )
         fut: asyncio.Future[FinishReply | Exception] = asyncio.get_running_loop().create_future()
         self._items.append((call, entry.task_id, fut))
         self._wake.set()

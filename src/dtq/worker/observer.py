@@ -39,12 +39,14 @@ class TaskStarted:
     attempt: int
     wait_ms: int | None  # created -> started, on the first attempt of a task that has both
     payload: str  # as delivered (JSON)
+    throttled_ms: int | None = None  # first park by a limit -> this start (None: never parked)
 
 
 @dataclass(frozen=True, slots=True)
 class TaskSkipped:
     """start.lua consumed an entry without running it: ``kind`` is missing, terminal,
-    cancelled, duplicate, expired, dead or fenced, ``detail`` its reason. ``completed`` is the
+    cancelled, duplicate, expired, dead, throttled (parked by a limit, ``detail`` its name) or
+    fenced, ``detail`` its reason. ``completed`` is the
     terminal status this start recorded (expired, cancelled, failed, dead_lettered), if any."""
 
     task_id: str

@@ -61,9 +61,13 @@ class MetricsObserver(WorkerObserver):
     def task_started(self, event: TaskStarted) -> None:
         wait_s = None if event.wait_ms is None else event.wait_ms / 1000
         self.metrics.task_started(event.queue, event.task_type, wait_s)
+        if event.throttled_ms is not None:
+            self.metrics.throttle_waited(event.queue, event.task_type, event.throttled_ms / 1000)
 
     def task_skipped(self, event: TaskSkipped) -> None:
-        if event.completed is not None:
+        if event.kind == "throttled":
+            self.metrics.task_throttled(event.queue, event.task_type)
+        elif event.completed is not None:
             self.metrics.task_completed(event.queue, event.task_type, event.completed)
 
     def task_finished(self, event: TaskFinished) -> None:

@@ -64,6 +64,7 @@ from dtq.worker.execution import Executor
 from dtq.worker.firer import Firer
 from dtq.worker.heartbeat import Heartbeat
 from dtq.worker.intake import BLOCK_MS, READ_BATCH, Intake
+from dtq.worker.limits import REFRESH_S as LIMITS_REFRESH_S
 from dtq.worker.observer import ScheduleDecisions, SchedulerBatch, WorkerObserver
 from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq.worker.scheduler import Scheduler, TickResult
@@ -219,6 +220,10 @@ class Worker:
             ).run(self._scheduler_stop),
             name="firer",
         )
+        try:  # the limits apply from the first start (then read again every second)
+            await self.execution.limits.refresh()
+        except TRANSIENT as exc:
+            self.outage.failed("limits", exc)
         await self._take_over_dead()  # before the poll loops: their slots go to these first
         intake = [
             asyncio.create_task(self._supervise("poll", self._poll), name=f"poll{i}")
@@ -226,6 +231,7 @@ class Worker:
         ]
         intake.append(asyncio.create_task(self._supervise("reaper", self._reap), name="reaper"))
         watcher = asyncio.create_task(self._supervise("cancel", self._cancel_loop))
+        intake.append(asyncio.create_task(self._supervise("limits", self._limits_loop)))
         try:
             self.heartbeat.set_status("running")
             await asyncio.to_thread(self.heartbeat.publish_started)
@@ -452,6 +458,12 @@ class Worker:
         return await self.intake.reap_once()
 
     # -- cancellation -----------------------------------------------------------------------
+
+    async def _limits_loop(self) -> None:
+        """Read the limits of this worker's queues every second (docs/limits.md)."""
+        while True:
+            await asyncio.sleep(LIMITS_REFRESH_S * (1 + self._rng.uniform(-JITTER, JITTER)))
+            await self.execution.limits.refresh()
 
     async def _cancel_loop(self) -> None:
         while True:
