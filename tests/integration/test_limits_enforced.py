@@ -10,7 +10,6 @@ SDK, the API and the CLI store them."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from typing import Any
 
@@ -98,9 +97,11 @@ async def test_a_rate_spaces_the_starts(queue: Queue, settings: Settings, r: Red
         ids = [(await queue.submit("work", {}, max_attempts=1)).task_id for _ in range(8)]
         ended = await all_end(queue, ids)
     starts = sorted(t.started_at.timestamp() for t in ended if t.started_at)  # Redis clock
-    gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert all(t.status == TaskStatus.SUCCEEDED and t.attempt == 1 for t in ended)
-    assert min(gaps) >= 0.099, gaps  # one every 100 ms at most (burst 1: none early)
+    # GCRA with a burst of 1: the k-th start is at least k intervals after the first (each
+    # parked task starts at or after the slot it reserved; 1 ms: the clock's resolution).
+    late = [starts[k] - starts[0] - k * 0.1 for k in range(len(starts))]
+    assert min(late) >= -0.002, late
 
 
 async def test_a_burst_lets_that_many_through_at_once(

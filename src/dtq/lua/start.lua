@@ -51,7 +51,8 @@
 -- retry schedule, KEYS[8 + 3i] its rate state (hash {tat}), [9 + 3i] its running set,
 -- [10 + 3i] its waiting set. Before step 7, a queued task over one of them is parked instead
 -- (its entry consumed, PENDING until it is due again, the attempt not counted, TASK_THROTTLED):
---   rate: due when the rate allows it (GCRA: the theoretical arrival time less the tolerance);
+--   rate: due when the rate allows it (GCRA: the theoretical arrival time less the
+--   tolerance), the slot reserved (see park);
 --   concurrency: in the waiting set, promoted by the finish that frees a place, and due again
 --   after PARKED_RECHECK_MS all the same.      {"throttled", limit, "rate"|"concurrency", due ms}
 -- A started task holds a place (its id in the running set) until its finish; a redelivered
@@ -75,7 +76,7 @@ if p[1][2] ~= worker then return {'fenced', 'owner:' .. p[1][2]} end
 -- HMGET gives false for a missing field.
 local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'attempt', 'max_attempts',
   'timeout_ms', 'expires_at_ms', 'queue', 'task_type', 'idempotency_key', 'cancel_requested',
-  'created_ms', 'expires_at', 'throttled_at_ms')
+  'created_ms', 'expires_at', 'throttled_at_ms', 'rate_reserved')
 local status = h[1]
 if not status then
   consume()
@@ -125,9 +126,17 @@ local function release_places()
   end
 end
 
--- A task over one of its limits waits, parked (see the header).
-local function park(i, why, due_ms)
+-- A task over one of its limits waits, parked (see the header). Over a rate, it reserves
+-- the next slot (``tat``: the arrival time its start will have) and is due then, so each
+-- parked task gets a slot of its own instead of all waking at once; its next start is
+-- admitted on that reservation without spending the rate again.
+local function park(i, why, due_ms, tat)
   local name = ARGV[10 + 4 * i]
+  if tat then
+    redis.call('HSET', KEYS[8 + 3 * i], 'tat', tat)
+    redis.call('PEXPIRE', KEYS[8 + 3 * i], math.ceil(tat - now) + 1000)
+    redis.call('HSET', KEYS[1], 'rate_reserved', name)
+  end
   if why == 'concurrency' then
     local priority = tonumber(redis.call('HGET', KEYS[1], 'priority')) or 5
     redis.call('ZADD', KEYS[10 + 3 * i], (9 - priority) * 1e13 + now, task_id)
@@ -223,11 +232,13 @@ if nlim > 0 then
         return park(i, 'concurrency', now + PARKED_RECHECK_MS)
       end
       local interval = tonumber(ARGV[11 + 4 * i])
-      if interval > 0 then
+      if interval > 0 and h[14] ~= ARGV[10 + 4 * i] then  -- not admitted on a reservation
         local tat = tonumber(redis.call('HGET', KEYS[8 + 3 * i], 'tat')) or now
         if tat < now then tat = now end
         local tolerance = tonumber(ARGV[12 + 4 * i])
-        if tat - now > tolerance then return park(i, 'rate', math.ceil(tat - tolerance)) end
+        if tat - now > tolerance then
+          return park(i, 'rate', math.ceil(tat - tolerance), tat + interval)
+        end
         tats[i] = tat + interval
       end
     end
@@ -246,7 +257,7 @@ end
 local throttled_ms = ''
 if h[13] then
   throttled_ms = now - (tonumber(h[13]) or now)
-  redis.call('HDEL', KEYS[1], 'throttled_at_ms')
+  redis.call('HDEL', KEYS[1], 'throttled_at_ms', 'rate_reserved')
 end
 
 redis.call('HSET', KEYS[1], 'status', 'running', 'attempt', attempt, 'started_at', ts,

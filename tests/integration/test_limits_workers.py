@@ -1,0 +1,153 @@
+"""Limits shared by three worker processes (docs/limits.md), measured from the handlers' own
+side-effect log (each execution's start and end, wall clock, in a Redis list):
+
+- ``concurrency=5`` over three workers of concurrency 8: never more than 5 handlers at once,
+  while one worker is SIGKILLed in the middle; its places are free again once the reaper has
+  redelivered its tasks, and every task succeeds;
+- ``rate="50/s"`` over three workers of concurrency 16: the completions of a 20 s window stay
+  within 10 % of 50 a second.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from dtq import Queue, TaskStatus, keys
+from dtq.limits import LimitDef
+from support import wait_until
+from support.worker import WorkerProcess, wait_worker_ready
+
+pytestmark = [pytest.mark.backends("single"), pytest.mark.slow]
+
+TASKS = '''
+"""A handler that records each execution's start and end (wall clock) in Redis."""
+import asyncio
+import json
+import os
+import time
+
+import redis.asyncio as redis
+
+from dtq_tasks import task
+
+_r = None
+
+
+async def _log(what, ctx):
+    global _r
+    if _r is None:
+        _r = redis.Redis.from_url(os.environ["DTQ_REDIS_URL"], decode_responses=True)
+    await _r.rpush("test:lim:log", json.dumps(
+        {"what": what, "task": ctx.task_id, "t": time.time(), "pid": os.getpid()}))
+
+
+@task("lim_work")
+async def lim_work(payload, ctx):
+    await _log("start", ctx)
+    await asyncio.sleep(float(payload.get("s", 0)))
+    await _log("end", ctx)
+    return ctx.attempt
+'''
+
+
+def workers(tmp_path: Path, url: str, n: int, concurrency: int) -> list[WorkerProcess]:
+    (tmp_path / "lim_tasks.py").write_text(textwrap.dedent(TASKS))
+    return [
+        WorkerProcess(
+            url,
+            tmp_path,
+            worker_id=f"worker-lim{i:05d}",
+            tasks="lim_tasks",
+            args=("--concurrency", str(concurrency)),
+        )
+        for i in range(n)
+    ]
+
+
+async def read_log(r: Redis) -> list[dict[str, object]]:
+    return [json.loads(x) for x in await r.lrange("test:lim:log", 0, -1)]
+
+
+async def test_a_concurrency_holds_over_three_workers_and_a_kill(
+    tmp_path: Path, redis_url: str, queue: Queue, r: Redis
+) -> None:
+    await r.hset(keys.limits("default"), "five", LimitDef(concurrency=5).to_json())
+    procs = workers(tmp_path, redis_url, 3, 8)
+    killed_at = 0.0
+    try:
+        for p in procs:
+            await wait_worker_ready(r, p.worker_id or "")
+        ids = [
+            t.task_id
+            for t in await queue.submit_many(
+                [{"task_type": "lim_work", "payload": {"s": 0.2}}] * 60
+            )
+            if not isinstance(t, Exception)
+        ]
+
+        async def some_ran() -> bool:
+            return len(await read_log(r)) >= 20
+
+        await wait_until(some_ran, 30, "a third of the tasks started")
+        victim = procs[0]
+        victim.signal(signal.SIGKILL)
+        victim.wait(10)
+        killed_at = time.time()
+        ended = await queue.wait_many(ids, timeout=90)
+    finally:
+        for p in procs:
+            p.stop()
+    assert all(t.status == TaskStatus.SUCCEEDED for t in ended), sorted(
+        (t.status, t.error_message, t.attempt) for t in ended if t.status != TaskStatus.SUCCEEDED
+    )
+    log = await read_log(r)
+    victim_pid = procs[0].pid
+    spans: dict[tuple[str, object], list[float]] = {}
+    for e in log:
+        key = (str(e["task"]), e["pid"])
+        spans.setdefault(key, []).append(float(e["t"]))  # type: ignore[arg-type]
+    intervals = []
+    for (_, pid), times in spans.items():
+        start = times[0]
+        end = times[1] if len(times) > 1 else (killed_at if pid == victim_pid else None)
+        assert end is not None, "a live worker's handler never ended"
+        intervals.append((start, end))
+    points = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running = most = 0
+    for _, step in points:
+        running += step
+        most = max(most, running)
+    assert most <= 5, most
+    assert most == 5  # the limit is used, not just respected
+    assert await r.zcard(keys.limit_state("default", "five") + ":running") == 0
+
+
+async def test_a_rate_holds_over_three_workers(
+    tmp_path: Path, redis_url: str, queue: Queue, r: Redis
+) -> None:
+    await r.hset(keys.limits("default"), "fifty", LimitDef(rate="50/s").to_json())
+    procs = workers(tmp_path, redis_url, 3, 16)
+    try:
+        for p in procs:
+            await wait_worker_ready(r, p.worker_id or "")
+        await queue.submit_many([{"task_type": "lim_work", "payload": {}}] * 1300)
+
+        async def window_passed() -> bool:
+            ends = [e for e in await read_log(r) if e["what"] == "end"]
+            return len(ends) >= 1150
+
+        await wait_until(window_passed, 60, "24 s of completions")
+    finally:
+        for p in procs:
+            p.stop()
+    ends = sorted(float(e["t"]) for e in await read_log(r) if e["what"] == "end")  # type: ignore[arg-type]
+    t0 = ends[0] + 2  # past the start-up
+    in_window = [t for t in ends if t0 <= t < t0 + 20]
+    assert 900 <= len(in_window) <= 1100, len(in_window) / 20  # 50/s within 10 %
