@@ -205,3 +205,40 @@ async def test_priorities_hold_among_parked_tasks(
         go.set()
         await all_end(queue, [first.task_id, high.task_id, *(t.task_id for t in low)])
     assert order[0] == 0 and order[1] == 3, order  # the high priority one takes the place
+
+
+async def test_a_task_throttled_twenty_times_runs_at_attempt_one(
+    queue: Queue, settings: Settings, r: Redis
+) -> None:
+    """A task kept out by a concurrency 20 times (made due again by hand each time, while the
+    only place is held) then run: attempt 1, its history shows every throttle."""
+    await define(r, "solo", task_type="hold", concurrency=1)
+    go = asyncio.Event()
+
+    async def hold(payload: dict[str, Any], ctx: TaskContext) -> int:
+        if payload.get("first"):
+            await go.wait()
+        return ctx.attempt
+
+    async def throttles(task_id: str) -> int:
+        return sum(1 for h in await queue.history(task_id) if h.reason == "throttled")
+
+    async with running_worker(fast(settings), handlers(hold=hold), concurrency=4):
+        first = await queue.submit("hold", {"first": True})
+        await wait_until(lambda: _status_is(queue, first.task_id, "running"), 10, "runs")
+        task = await queue.submit("hold", {}, max_attempts=1)
+        for n in range(1, 21):
+
+            async def parked(n: int = n) -> bool:
+                return await throttles(task.task_id) == n and await _status_is(
+                    queue, task.task_id, "pending"
+                )
+
+            await wait_until(parked, 10, f"throttle {n}")
+            if n < 20:  # due now: promoted, started, parked again
+                await r.zadd(keys.retry_schedule("default"), {task.task_id: 0})
+        go.set()
+        assert await queue.result(task.task_id, timeout=60) == 1
+    done = await queue.get(task.task_id)
+    assert done.attempt == 1 and done.status == TaskStatus.SUCCEEDED
+    assert await throttles(task.task_id) == 20
