@@ -462,7 +462,9 @@ class Worker:
     async def _limits_loop(self) -> None:
         """Read the limits of this worker's queues every second (docs/limits.md)."""
         while True:
-            await asyncio.sleep(LIMITS_REFRESH_S * (1 + self._rng.uniform(-JITTER, JITTER)))
+            await self._sleep(LIMITS_REFRESH_S)
+            if self._stopping.is_set():
+                return  # with the intake: a stopping worker starts nothing more
             await self.execution.limits.refresh()
 
     async def _cancel_loop(self) -> None:
