@@ -1,0 +1,151 @@
+"""Limit definitions through the SDK against a real Redis, in both key layouts (docs/limits.md):
+create, update, unchanged, read with their use, list, move to another queue, delete (state
+kept), audit entries and events, and the limits a starting worker syncs from code."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis
+
+from dtq import Queue, keys
+from dtq.admin.limits import SCAN_KEYS_MAX, sync_code_limits
+from dtq.calls import Audit
+from dtq.errors import LimitNotFoundError
+from dtq.limits import LimitDef, LimitSpecError
+from support import Events
+
+pytestmark = pytest.mark.backends("single", "cluster")
+
+
+async def test_put_get_list_delete(queue: Queue, r: Redis) -> None:
+    async with Events(r, ["payments"]) as events:
+        limit, outcome = await queue.put_limit(
+            "charge", queue="payments", task_type="charge", rate="100/s", burst=10,
+            audit=Audit("tester"),
+        )  # fmt: skip
+        assert outcome == "created"
+        assert (limit.name, limit.queue, limit.task_type) == ("charge", "payments", "charge")
+        assert (limit.rate, limit.burst, limit.concurrency, limit.source) == (
+            "100/s",
+            10,
+            None,
+            "api",
+        )
+        assert (limit.use.running, limit.use.waiting, limit.use.keys) == (0, 0, None)
+
+        again, outcome = await queue.put_limit(
+            "charge", {"queue": "payments", "task_type": "charge", "rate": "100/s", "burst": 10}
+        )
+        assert outcome == "unchanged" and again == limit
+        changed, outcome = await queue.put_limit(
+            "charge", queue="payments", task_type="charge", concurrency=20
+        )
+        assert outcome == "updated"
+        assert (changed.rate, changed.burst, changed.concurrency) == (None, None, 20)
+    changes = [e.metadata for e in events.of("CONFIGURATION_CHANGED")]
+    assert changes == [
+        {"limit": "charge", "change": "created"},
+        {"limit": "charge", "change": "updated"},
+    ]
+
+    assert await queue.get_limit("charge") == changed
+    await queue.put_limit("default-rate", rate="5/m")
+    assert [x.name for x in await queue.list_limits()] == ["charge", "default-rate"]
+    assert (await queue.get_limit("default-rate")).queue == "default"
+
+    await queue.delete_limit("charge", audit=Audit("tester"))
+    with pytest.raises(LimitNotFoundError):
+        await queue.get_limit("charge")
+    with pytest.raises(LimitNotFoundError):
+        await queue.delete_limit("charge")
+    assert [x.name for x in await queue.list_limits()] == ["default-rate"]
+
+    entries = [(e.action, e.limit, e.queue, e.actor) for e in await queue.audit_log(10)]
+    assert entries[:2] == [
+        ("limit_delete", "charge", "payments", "tester"),
+        ("limit_put", "charge", "payments", "tester"),
+    ]
+
+
+async def test_bad_definitions_are_refused_and_nothing_is_stored(queue: Queue, r: Redis) -> None:
+    for fields, words in [
+        ({}, "a rate, a concurrency"),
+        ({"rate": "fast"}, "COUNT/PERIOD"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"burst": 3, "concurrency": 2}, "burst needs a rate"),
+        ({"rate": "1/s", "key": "tenant"}, "payload path"),
+        ({"rate": "1/s", "queue": "Bad Queue"}, "queue"),
+        ({"rate": "1/s", "colour": "red"}, "colour"),
+    ]:
+        with pytest.raises(LimitSpecError, match=words) as info:
+            await queue.put_limit("bad", fields)
+        assert info.value.code == "INVALID_LIMIT"
+    with pytest.raises(LimitSpecError, match="limit name"):
+        await queue.put_limit("no spaces", rate="1/s")
+    assert await queue.list_limits() == []
+    assert await r.exists(keys.limits("default")) == 0
+
+
+async def test_use_is_read_from_the_state_keys(queue: Queue, r: Redis) -> None:
+    """The state is the start and finish scripts'; here it is written by hand as they do."""
+    await queue.put_limit("db", queue="jobs", concurrency=5)
+    await queue.put_limit("tenants", queue="jobs", key="payload.tenant", rate="10/s", concurrency=2)
+    prefix = keys.limit_state("jobs", "db")
+    await r.zadd(prefix + ":running", {"t1": 1, "t2": 2, "t3": 3})
+    await r.zadd(prefix + ":waiting", {"t4": 4})
+    for value, running, waiting in [("acme", 2, 3), ("a:b", 1, 0), ("idle", 0, 0)]:
+        p = keys.limit_state("jobs", "tenants", value)
+        await r.hset(p + ":rate", "tat", 1)
+        if running:
+            await r.zadd(p + ":running", {f"{value}-r{i}": i for i in range(running)})
+        if waiting:
+            await r.zadd(p + ":waiting", {f"{value}-w{i}": i for i in range(waiting)})
+
+    db = await queue.get_limit("db")
+    assert (db.use.running, db.use.waiting, db.use.keys) == (3, 1, None)
+    tenants = await queue.get_limit("tenants")
+    assert (tenants.use.running, tenants.use.waiting, tenants.use.keys) == (3, 3, 3)
+    assert not tenants.use.capped
+    assert {x.name: x.use for x in await queue.list_limits()} == {
+        "db": db.use,
+        "tenants": tenants.use,
+    }
+    assert SCAN_KEYS_MAX >= 1000
+
+    await queue.delete_limit("db")  # the definition only: a running task still frees its place
+    assert await r.zcard(prefix + ":running") == 3
+
+
+async def test_a_limit_moved_to_another_queue_is_found_there_only(queue: Queue, r: Redis) -> None:
+    await queue.put_limit("mover", queue="alpha", rate="1/s")
+    moved, outcome = await queue.put_limit("mover", queue="beta", rate="1/s")
+    assert outcome == "updated" and moved.queue == "beta"
+    assert (await queue.get_limit("mover")).queue == "beta"
+    assert [(x.name, x.queue) for x in await queue.list_limits()] == [("mover", "beta")]
+    assert await r.hget(keys.limits("beta"), "mover") is not None
+    if keys.cluster_layout():
+        assert await r.hget(keys.limits("alpha"), "mover") is None
+    assert "beta" in await r.smembers(keys.QUEUES)  # where workers and the lookup find it
+
+
+async def test_code_limits_sync(queue: Queue) -> None:
+    store = queue.store
+    audit = Audit("worker:w1")
+    charge = LimitDef(task_type="charge", rate="100/s", concurrency=20, source="code")
+    other = LimitDef(task_type="other", concurrency=1, source="code")
+    outcomes, deleted = await sync_code_limits(
+        store, {"charge": charge, "other": other}, {"charge"}, audit=audit
+    )
+    assert (outcomes, deleted) == ({"charge": "created"}, [])  # "other" is not this worker's
+    assert (await queue.get_limit("charge")).source == "code"
+    await queue.put_limit("manual", task_type="charge", rate="1/s")  # from the API: kept
+
+    outcomes, deleted = await sync_code_limits(store, {"charge": charge}, {"charge"}, audit=audit)
+    assert (outcomes, deleted) == ({"charge": "unchanged"}, [])
+    outcomes, deleted = await sync_code_limits(store, {}, {"other"}, audit=audit)
+    assert (outcomes, deleted) == ({}, [])  # a worker without the handler leaves it
+    outcomes, deleted = await sync_code_limits(store, {}, {"charge"}, audit=audit)
+    assert (outcomes, deleted) == ({}, ["charge"])
+    assert [x.name for x in await queue.list_limits()] == ["manual"]
+    actions = [(e.action, e.limit, e.actor) for e in await queue.audit_log(10)]
+    assert actions[0] == ("limit_delete", "charge", "worker:w1")
