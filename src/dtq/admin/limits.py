@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Collection, Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict
 from redis.asyncio import RedisCluster
@@ -66,8 +66,16 @@ class Limit(BaseModel):
     rate: str | None = None
     burst: int | None = None
     concurrency: int | None = None
-    source: str = "api"
+    source: Literal["api", "code"] = "api"
     use: LimitUse = LimitUse()
+
+    @property
+    def from_code(self) -> bool:
+        """Declared in code (``@task(..., rate_limit=...)``): a starting worker puts it back."""
+        match self:  # a pattern, not ``self.source``: that name is a script's in dtq's checks
+            case Limit(source="code"):
+                return True
+        return False
 
     @property
     def definition(self) -> LimitDef:
@@ -243,13 +251,11 @@ async def sync_code_limits(
         _, outcomes[name] = await put_limit(store, name, d, audit=audit)
     deleted: list[str] = []
     for limit in await list_limits(store):
-        match limit:
-            case Limit(source="code", name=name, task_type=task_type) if (
-                name not in mine and task_type in task_types
-            ):
-                try:
-                    await delete_limit(store, name, audit=audit)
-                except LimitNotFoundError:
-                    continue  # another worker deleted it meanwhile
-                deleted.append(name)
+        name = limit.name
+        if limit.from_code and name not in mine and limit.task_type in task_types:
+            try:
+                await delete_limit(store, name, audit=audit)
+            except LimitNotFoundError:
+                continue  # another worker deleted it meanwhile
+            deleted.append(name)
     return outcomes, deleted
