@@ -4,15 +4,21 @@ kept), audit entries and events, and the limits a starting worker syncs from cod
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 import pytest
 from redis.asyncio import Redis
 
 from dtq import Queue, keys
 from dtq.admin.limits import SCAN_KEYS_MAX, sync_code_limits
 from dtq.calls import Audit
+from dtq.config import Settings
 from dtq.errors import LimitNotFoundError
 from dtq.limits import LimitDef, LimitSpecError
+from dtq_tasks import task
 from support import Events
+from support.worker import fast, handlers, running_worker
 
 pytestmark = pytest.mark.backends("single", "cluster")
 
@@ -149,3 +155,35 @@ async def test_code_limits_sync(queue: Queue) -> None:
     assert [x.name for x in await queue.list_limits()] == ["manual"]
     actions = [(e.action, e.limit, e.actor) for e in await queue.audit_log(10)]
     assert actions[0] == ("limit_delete", "charge", "worker:w1")
+
+
+async def test_a_starting_worker_puts_its_code_limits_and_drops_the_removed_ones(
+    queue: Queue, settings: Settings
+) -> None:
+    registry = importlib.import_module("dtq_tasks.registry")  # the module, not the function
+    saved = dict(registry._LIMITS)
+    try:
+        task("limits-test.charge", rate_limit="50/s", concurrency=3)(_noop)
+        await queue.put_limit(  # declared by an older deploy of the same handlers
+            "limits-test.old",
+            LimitDef(task_type="limits-test.charge", concurrency=1, source="code"),
+        )
+        await queue.put_limit("limits-test.ops", task_type="limits-test.charge", rate="1/s")
+        async with running_worker(fast(settings), handlers(**{"limits-test.charge": _noop})):
+            pass
+    finally:
+        registry._LIMITS.clear()
+        registry._LIMITS.update(saved)
+        registry._REGISTRY.pop("limits-test.charge", None)
+    got = {x.name: x for x in await queue.list_limits()}
+    assert sorted(got) == ["limits-test.charge", "limits-test.ops"]
+    assert got["limits-test.charge"].definition == LimitDef(
+        task_type="limits-test.charge", rate="50/s", concurrency=3, source="code"
+    )
+    actors = {(e.action, e.limit): e.actor for e in await queue.audit_log(10)}
+    assert actors[("limit_put", "limits-test.charge")].startswith("worker:")
+    assert actors[("limit_delete", "limits-test.old")].startswith("worker:")
+
+
+def _noop(payload: dict[str, Any], ctx: Any) -> None:
+    return None
