@@ -1268,6 +1268,7 @@ async def remove_queue(
                         keys.cancelled(queue),
                         keys.dead_letter(queue),
                         keys.schedules(queue),
+                        keys.limits(queue),
                     )
                     if keys.cluster_layout()
                     else (keys.QUEUES,)

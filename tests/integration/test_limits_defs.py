@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from dtq import Queue, keys
+from dtq import Queue, calls, connect, keys
 from dtq.admin.limits import SCAN_KEYS_MAX, sync_code_limits
 from dtq.calls import Audit
 from dtq.config import Settings
 from dtq.errors import LimitNotFoundError
 from dtq.limits import LimitDef, LimitSpecError
 from dtq_tasks import task
-from support import Events
+from support import Events, wait_until
 from support.worker import fast, handlers, running_worker
 
 pytestmark = pytest.mark.backends("single", "cluster")
@@ -187,3 +187,27 @@ async def test_a_starting_worker_puts_its_code_limits_and_drops_the_removed_ones
 
 def _noop(payload: dict[str, Any], ctx: Any) -> None:
     return None
+
+
+@pytest.mark.backends("cluster", reason="the flat layout keeps every definition in one hash")
+async def test_an_idle_queue_with_a_limit_stays_listed(settings: Settings, r: Redis) -> None:
+    """A limit is found by its name through dtq:queues: its queue is not removed as idle."""
+    q = await connect(settings=settings.model_copy(update={"queue_idle_ttl_s": 1}))
+    try:
+        await q.put_limit("kept", queue="quiet", concurrency=1)
+        await q.submit("echo_task", {}, queue="plain")
+        await q.submit("echo_task", {}, queue="quiet")
+        for name in ("plain", "quiet"):  # drained: their entries gone, as a worker leaves them
+            for stream in keys.queue_streams(name):
+                await r.xtrim(stream, maxlen=0)
+
+        async def plain_is_idle() -> bool:
+            [reply] = await calls.remove_queue(q.store, [("plain", None)])
+            return not isinstance(reply, Exception) and reply.kind == "idle"
+
+        await wait_until(plain_is_idle, 5, "the plain queue idle past its TTL")
+        [reply] = await calls.remove_queue(q.store, [("quiet", None)])
+        assert not isinstance(reply, Exception) and (reply.kind, reply.detail) == ("busy", "limits")
+        assert (await q.get_limit("kept")).queue == "quiet"
+    finally:
+        await q.close()
