@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from dtq import Queue, calls, connect, keys
+from dtq import Queue, calls, connect, connect_sync, keys
 from dtq.admin.limits import SCAN_KEYS_MAX, sync_code_limits
 from dtq.calls import Audit
 from dtq.config import Settings
@@ -211,3 +211,14 @@ async def test_an_idle_queue_with_a_limit_stays_listed(settings: Settings, r: Re
         assert (await q.get_limit("kept")).queue == "quiet"
     finally:
         await q.close()
+
+
+def test_the_sync_queue_has_the_limit_methods(settings: Settings) -> None:
+    with connect_sync(settings=settings) as q:
+        limit, outcome = q.put_limit("sync-limit", concurrency=2, audit=Audit("tester"))
+        assert outcome == "created" and limit.concurrency == 2
+        assert q.get_limit("sync-limit") == limit
+        assert [x.name for x in q.list_limits()] == ["sync-limit"]
+        q.delete_limit("sync-limit")
+        with pytest.raises(LimitNotFoundError):
+            q.get_limit("sync-limit")
