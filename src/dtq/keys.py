@@ -319,7 +319,8 @@ def limit_state(queue: str, name: str, key_value: str = "") -> str:
     slot: ``<prefix>:rate`` (GCRA's theoretical arrival time), ``<prefix>:running`` (the
     RUNNING tasks holding a place), ``<prefix>:waiting`` (the tasks parked for a place)."""
     base = (_q(queue) if _CLUSTER else "dtq:") + "limit:" + name
-    return base + ":k:" + key_value if key_value else base
+    # "=" is in no limit name (nor task type), so a name never runs into a key value
+    return base + "=" + key_value if key_value else base
 
 
 # -- a task's keys ------------------------------------------------------------------------------

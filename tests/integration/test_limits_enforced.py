@@ -242,3 +242,26 @@ async def test_a_task_throttled_twenty_times_runs_at_attempt_one(
     done = await queue.get(task.task_id)
     assert done.attempt == 1 and done.status == TaskStatus.SUCCEEDED
     assert await throttles(task.task_id) == 20
+
+
+async def test_a_limit_put_through_the_sdk_is_enforced_and_its_use_read(
+    queue: Queue, settings: Settings
+) -> None:
+    await queue.put_limit("sdk-two", task_type="hold", concurrency=2)
+    go = asyncio.Event()
+
+    async def hold(payload: dict[str, Any], ctx: TaskContext) -> None:
+        await go.wait()
+
+    async with running_worker(fast(settings), handlers(hold=hold), concurrency=8):
+        ids = [(await queue.submit("hold", {})).task_id for _ in range(5)]
+
+        async def settled() -> bool:
+            use = (await queue.get_limit("sdk-two")).use
+            return use.running == 2 and use.waiting == 3
+
+        await wait_until(settled, 10, "2 running, 3 parked for a place")
+        go.set()
+        ended = await queue.wait_many(ids, timeout=60)
+    assert all(t.status == TaskStatus.SUCCEEDED for t in ended)
+    assert (await queue.get_limit("sdk-two")).use.running == 0

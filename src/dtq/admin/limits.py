@@ -185,11 +185,11 @@ async def _read(store: Store, defs: builtins.list[tuple[str, LimitDef]]) -> buil
 
 
 async def _keyed_use(store: Store, name: str, d: LimitDef) -> LimitUse:
-    """A keyed limit's use: its state keys ``<prefix>:k:<value>:<running|waiting|rate>`` found
+    """A keyed limit's use: its state keys ``<prefix>=<value>:<running|waiting|rate>`` found
     by SCAN (on the node of the queue's slot in the cluster layout), at most
     :data:`SCAN_KEYS_MAX` of them."""
     redis = store.redis
-    base = keys.limit_state(d.queue, name, "x")[:-1]  # "<prefix>:k:"
+    base = keys.limit_state(d.queue, name, "x")[:-1]  # "<prefix>="
     match = base + "*"
     node = None
     if isinstance(redis, RedisCluster):
