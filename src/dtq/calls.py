@@ -580,7 +580,7 @@ class StartReply:
             return cls(kind, str(reply[1]), reason=str(reply[2]), until_ms=int(reply[3]))
         if kind != "run":
             return cls(kind, str(reply[1]) if len(reply) > 1 else "")
-        attempt, max_attempts, timeout_ms, exp_ms, created_ms, started_ms = reply[1:7]
+        _, attempt, max_attempts, timeout_ms, exp_ms, created_ms, started_ms, throttled = reply
         return cls(
             kind,
             attempt=int(attempt),
@@ -589,7 +589,7 @@ class StartReply:
             expires_at_ms=_int_or_none(exp_ms),
             created_ms=_int_or_none(created_ms),
             started_ms=int(started_ms),
-            throttled_ms=_int_or_none(reply[7]) if len(reply) > 7 else None,
+            throttled_ms=_int_or_none(throttled) if throttled else None,
             limits=limits,
         )
 
@@ -639,16 +639,19 @@ async def start_many(
             s.dlq_maxlen,
             *((again.get(e.key, token), _flag(e.key in again)) if again else lone),
         ]
-        use = limits(e) if limits is not None else ()
-        if use:
-            call_keys.append(qk.retry_schedule)
-            argv.append(len(use))
-            for u in use:
-                call_keys += [u.prefix + ":rate", u.prefix + ":running", u.prefix + ":waiting"]
-                argv += [u.name, u.interval_ms, u.tolerance_ms, u.concurrency]
-        uses.append(use)
+        if limits is not None:
+            use = limits(e)
+            uses.append(use)
+            if use:
+                call_keys.append(qk.retry_schedule)
+                argv.append(len(use))
+                for u in use:
+                    call_keys += [u.prefix + ":rate", u.prefix + ":running", u.prefix + ":waiting"]
+                    argv += [u.name, u.interval_ms, u.tolerance_ms, u.concurrency]
         calls.append(("start", call_keys, argv))
     replies = await db.scripts.call_many(db.redis, calls)
+    if limits is None:  # no limit anywhere on this worker's queues: the usual case
+        return [r if isinstance(r, Exception) else StartReply.parse(r) for r in replies]
     return [
         r if isinstance(r, Exception) else StartReply.parse(r, use)
         for r, use in zip(replies, uses, strict=True)

@@ -103,7 +103,7 @@ if ARGV[12] == '1' and status == 'running' and h[2] == entry_id
     and redis.call('HGET', KEYS[1], 'start_token') == ARGV[11] then
   redis.call('XCLAIM', KEYS[3], group, worker, 0, entry_id, 'IDLE', 0, 'JUSTID')
   return {'run', tonumber(h[3]), tonumber(h[4]) or 1, tonumber(h[5]) or 0, h[6] or '',
-    h[11] or '', now}
+    h[11] or '', now, ''}
 end
 local ts = iso(now)
 local queue, task_type, idem = h[7], h[8], h[9] or ''
