@@ -38,7 +38,7 @@ from bench.workers import spawn_worker
 from dtq import keys
 from dtq.config import Settings
 from dtq.limits import LimitDef
-from dtq.models import TaskStatus
+from dtq.models import TERMINAL, TaskStatus
 
 __all__ = ["run"]
 
@@ -48,6 +48,7 @@ TOLERANCE = 0.10  # the rate's target: within 10 % of the limit
 WORKER_SLOTS = 64
 DEFAULT_SCHEDULER_S = Settings.model_fields["scheduler_interval_s"].default
 FAST_SCHEDULER_S = 0.05
+ENDED = {s.value for s in TERMINAL}
 
 
 async def _define(env: Env, name: str, limit: LimitDef) -> None:
@@ -59,8 +60,9 @@ async def _define(env: Env, name: str, limit: LimitDef) -> None:
 
 
 async def _drain(env: Env, ids: list[str], timeout_s: float, **worker_env: str) -> dict[str, Any]:
-    """A worker process on the queued ``ids`` until every one SUCCEEDED (a parked task is out
-    of its stream, so an empty stream is not the end): the completions' span and rate."""
+    """A worker process on the queued ``ids`` until every one ended (a parked task is out of
+    its stream, so an empty stream is not the end), all SUCCEEDED: the completions' span and
+    rate."""
     r = await env.redis()
     try:
         spawn_ms = await redis_now_ms(r)
@@ -73,14 +75,17 @@ async def _drain(env: Env, ids: list[str], timeout_s: float, **worker_env: str) 
             if not worker.alive():
                 raise RuntimeError(f"the worker exited ({worker.proc.returncode}): {worker.tail()}")
             rows = await statuses(r, ids, "status", "finished_at")
-            return all(st == TaskStatus.SUCCEEDED.value for st, _ in rows)
+            return all(st in ENDED for st, _ in rows)
 
         if not await wait_until(all_done, timeout_s, interval_s=0.25):
-            raise RuntimeError(f"not all of {len(ids)} tasks SUCCEEDED within {timeout_s:.0f} s")
+            raise RuntimeError(f"not all of {len(ids)} tasks ended within {timeout_s:.0f} s")
         wall = time.monotonic() - t
         worker.stop()
     finally:
         await r.aclose()
+    bad = {st for st, _ in rows if st != TaskStatus.SUCCEEDED.value}
+    if bad:
+        raise RuntimeError(f"not every task SUCCEEDED: {sorted(str(b) for b in bad)}")
     ends = sorted(iso_ms(fin) for _, fin in rows if fin)
     span_s = (ends[-1] - ends[0]) / 1000
     return {
