@@ -1307,6 +1307,7 @@ async def remove_queue(
                         keys.cancelled(queue),
                         keys.dead_letter(queue),
                         keys.schedules(queue),
+                        keys.limits(queue),
                     )
                     if keys.cluster_layout()
                     else (keys.QUEUES,)
@@ -1638,3 +1639,35 @@ async def progress(
         ],
     )
     return ProgressReply(str(kind) == "ok", str(detail))
+
+
+# -- limit_put.lua, limit_delete.lua ------------------------------------------------------------
+
+
+async def limit_put(
+    db: Backend, name: str, queue: str, definition: str, audit: Audit | None
+) -> str:
+    """limit_put.lua: store limit ``name``'s ``definition`` (JSON) in ``queue``'s limits hash;
+    ``created`` | ``updated`` | ``unchanged``."""
+    flat = not keys.cluster_layout()
+    return str(
+        await db.scripts.call(
+            db.redis,
+            "limit_put",
+            [keys.limits(queue), keys.audit(queue), *((keys.QUEUES,) if flat else ())],
+            [name, queue, definition, keys.events(queue), new_id(), *_audit(audit)],
+        )
+    )
+
+
+async def limit_delete(db: Backend, name: str, queue: str, audit: Audit | None) -> bool:
+    """limit_delete.lua: remove limit ``name``'s definition from ``queue``'s limits hash; False
+    when it was not there."""
+    return bool(
+        await db.scripts.call(
+            db.redis,
+            "limit_delete",
+            [keys.limits(queue), keys.audit(queue)],
+            [name, queue, keys.events(queue), new_id(), *_audit(audit)],
+        )
+    )

@@ -43,13 +43,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dtq import admin, waits
+from dtq.admin import limits as admin_limits
 from dtq.admin import schedules as admin_schedules
+from dtq.admin.limits import Limit
 from dtq.calls import Audit
 from dtq.clock import redis_time_ms
 from dtq.config import Settings, describe_redis, load_settings, redact_url
 from dtq.connection import async_client, choose_events
 from dtq.errors import ConfigError, DtqError, InvalidTaskError, RedisUnavailableError
 from dtq.keys import CONSUMER_GROUP, queue_streams
+from dtq.limits import LimitDef
 from dtq.models import (
     LIST_LIMIT_MAX,
     SUBMIT_OPTIONS,
@@ -526,6 +529,43 @@ class Queue:
         now = await redis_time_ms(self.redis)
         return [ms_to_dt(ms) for ms in admin_schedules.preview_definition(d, now, n)]
 
+    # -- rate and concurrency limits (docs/limits.md) -------------------------------------------
+
+    @_redis_errors
+    async def put_limit(
+        self,
+        name: str,
+        /,
+        definition: LimitDef | Mapping[str, Any] | None = None,
+        *,
+        audit: Audit | None = None,
+        **fields: Any,
+    ) -> tuple[Limit, str]:
+        """Create or update limit ``name``: a :class:`dtq.limits.LimitDef`, or its fields as a
+        mapping or keyword arguments (``queue="payments", rate="100/s", concurrency=20``).
+        Returns the limit and ``created``, ``updated`` or ``unchanged``; workers apply it
+        within a second. A bad definition raises :class:`dtq.limits.LimitSpecError`."""
+        if definition is not None and fields:
+            raise InvalidTaskError("give the definition or its fields, not both")
+        return await admin_limits.put_limit(
+            self.store, name, fields if definition is None else definition, audit=audit
+        )
+
+    @_redis_errors
+    async def get_limit(self, name: str) -> Limit:
+        """Limit ``name`` with its use now; :class:`dtq.errors.LimitNotFoundError` if none."""
+        return await admin_limits.get_limit(self.store, name)
+
+    @_redis_errors
+    async def list_limits(self) -> builtins.list[Limit]:
+        """Every limit with its use now, by name."""
+        return await admin_limits.list_limits(self.store)
+
+    @_redis_errors
+    async def delete_limit(self, name: str, *, audit: Audit | None = None) -> None:
+        """Delete limit ``name`` (tasks running under it still free their places)."""
+        await admin_limits.delete_limit(self.store, name, audit=audit)
+
     # -- workers and audit ----------------------------------------------------------------------
 
     @_redis_errors
@@ -659,6 +699,10 @@ class SyncQueue:
     trigger_schedule = _blocking(Queue.trigger_schedule)
     next_fire_times = _blocking(Queue.next_fire_times)
     preview_schedule = _blocking(Queue.preview_schedule)
+    put_limit = _blocking(Queue.put_limit)
+    get_limit = _blocking(Queue.get_limit)
+    list_limits = _blocking(Queue.list_limits)
+    delete_limit = _blocking(Queue.delete_limit)
 
     def as_completed(
         self, task_ids: Iterable[str], *, timeout: float = waits.DEFAULT_WAIT_S

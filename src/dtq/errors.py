@@ -7,13 +7,15 @@ The tree is shallow; the API and the CLI map each leaf to one error code (``code
     ├── InvalidTaskError              INVALID_TASK         400         (CLI exit 2)
     │   ├── UnknownTaskTypeError      UNKNOWN_TASK_TYPE    400
     │   ├── PayloadTooLargeError      PAYLOAD_TOO_LARGE    413
-    │   └── ScheduleSpecError         INVALID_SCHEDULE     400
+    │   ├── ScheduleSpecError         INVALID_SCHEDULE     400
+    │   └── LimitSpecError            INVALID_LIMIT        400  (in dtq.limits)
     ├── QueueFullError                QUEUE_FULL           429 + Retry-After
     ├── IdempotencyInProgressError    IDEMPOTENCY_IN_PROGRESS 409
     ├── TaskNotFoundError             TASK_NOT_FOUND       404
     │   └── ResultExpired             RESULT_EXPIRED       404  (the result key's lifetime ran out)
     ├── ScheduleNotFoundError         SCHEDULE_NOT_FOUND   404
     ├── ScheduleExistsError           SCHEDULE_EXISTS      409
+    ├── LimitNotFoundError            LIMIT_NOT_FOUND      404
     ├── InvalidTransitionError        INVALID_TRANSITION   409
     │   ├── TaskRunningError          TASK_RUNNING         409  (cancel requested)
     │   └── TaskTerminalError         TASK_TERMINAL        410
@@ -36,6 +38,7 @@ __all__ = [
     "IdempotencyInProgressError",
     "InvalidTaskError",
     "InvalidTransitionError",
+    "LimitNotFoundError",
     "NotInDeadLetterError",
     "PayloadTooLargeError",
     "QueueFullError",
@@ -118,6 +121,12 @@ class ScheduleExistsError(DtqError):
     """A create-only put found a schedule of that name."""
 
     code = "SCHEDULE_EXISTS"
+
+
+class LimitNotFoundError(DtqError):
+    """No rate or concurrency limit of that name (docs/limits.md)."""
+
+    code = "LIMIT_NOT_FOUND"
 
 
 class TaskNotFoundError(DtqError):

@@ -269,7 +269,8 @@ def _queue_list(raw: str) -> list[str]:
 class AuditEntry(BaseModel):
     """One operator action of ``dtq:stream:audit`` (contract section 13; ``queue`` is an
     extension naming the queue a queue-level action touched, and a task action's queue;
-    ``schedule``, one naming the schedule of a schedule action)."""
+    ``schedule``, one naming the schedule of a schedule action, ``limit`` the limit of a limit
+    action)."""
 
     entry_id: str
     actor: str
@@ -279,6 +280,7 @@ class AuditEntry(BaseModel):
     ts: datetime
     request_id: str | None = None
     schedule: str | None = None  # extension: the schedule an action on one touched
+    limit: str | None = None  # extension: the limit an action on one touched
 
     @classmethod
     def from_entry(cls, entry_id: str, f: Mapping[str, str]) -> AuditEntry:
@@ -294,4 +296,5 @@ class AuditEntry(BaseModel):
             ts=ts,
             request_id=f.get("request_id") or None,
             schedule=f.get("schedule") or None,
+            limit=f.get("limit") or None,
         )

@@ -79,6 +79,8 @@ SCRIPT_NAMES = (
     "schedule_set",
     "wait",
     "progress",
+    "limit_put",
+    "limit_delete",
 )
 
 # Scripts that run another script's code as a local function: fire.lua makes a tick's task

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from dtq.client import connect
 from dtq.config import Settings
-from dtq_cli import admin_cmd, run_cmd, schedule_cmd, tasks_cmd
+from dtq_cli import admin_cmd, limit_cmd, run_cmd, schedule_cmd, tasks_cmd
 from dtq_cli.context import Ctx
 from dtq_cli.output import Output
 from dtq_tasks import load_task_types
@@ -43,6 +43,10 @@ REDIS_COMMANDS: dict[str, RedisCommand] = {
     "schedule.remove": schedule_cmd.remove,
     "schedule.trigger": schedule_cmd.trigger,
     "schedule.next": schedule_cmd.next_times,
+    "limit.set": limit_cmd.set_limit,
+    "limit.list": limit_cmd.list_limits,
+    "limit.show": limit_cmd.show,
+    "limit.remove": limit_cmd.remove,
 }
 # Commands that submit, or store a template that will: they check task types against
 # DTQ_TASK_MODULES, as the API does.

@@ -152,6 +152,16 @@ def status_name(text: str) -> TaskStatus:
         raise argparse.ArgumentTypeError(exc.message) from None
 
 
+def limit_name(text: str) -> str:
+    """The core's limit-name rule, with its message."""
+    from dtq.limits import LimitSpecError, check_limit_name
+
+    try:
+        return check_limit_name(text)
+    except LimitSpecError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from dtq_cli import inputs, schedule_args
+from dtq_cli import inputs, limit_cmd, schedule_args
 from dtq_cli.flags import (
     DEFAULT_WAIT_S,
     FMT,
@@ -35,6 +35,7 @@ examples:
   dtq queue stats --json
   dtq schedule add nightly --cron '0 3 * * *' --tz Europe/Paris --task-type cleanup
   dtq schedule list
+  dtq limit set charge --task-type charge --rate 100/s --concurrency 20
   dtq worker run --queue default --concurrency 8
   dtq dev
 
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     _dlq_commands(subs)
     _queue_commands(subs)
     schedule_args.add_commands(subs)
+    limit_cmd.add_commands(subs)
     _process_commands(subs)
     return parser
 

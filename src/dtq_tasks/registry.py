@@ -17,6 +17,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from pydantic import BaseModel
 
 from dtq.errors import InvalidTaskError
+from dtq.limits import LimitDef
 from dtq.models import QUEUE_RE, TASK_TYPE_RE, check_progress
 from dtq.schedules import ScheduleDef
 from dtq_tasks.typed import AsyncTaskDef, SyncTaskDef, TaskDef
@@ -29,6 +30,7 @@ __all__ = [
     "TaskContext",
     "TaskDecorator",
     "TaskRegistrationError",
+    "code_limits",
     "code_schedules",
     "cron",
     "every",
@@ -120,6 +122,7 @@ class Handler:
 
 _REGISTRY: dict[str, Handler] = {}
 _SCHEDULES: dict[str, tuple[str, ScheduleDef]] = {}  # schedule name -> (task name, definition)
+_LIMITS: dict[str, LimitDef] = {}  # task name -> the limit its @task declares
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,35 @@ def code_schedules() -> Mapping[str, ScheduleDef]:
     return MappingProxyType({name: d for name, (_, d) in _SCHEDULES.items()})
 
 
+def code_limits() -> Mapping[str, LimitDef]:
+    """Every limit declared with ``@task(..., rate_limit=..., concurrency=...)``, by limit name
+    (the task's name)."""
+    return MappingProxyType(dict(_LIMITS))
+
+
+def _limit(
+    task_name: str,
+    rate_limit: str | None,
+    concurrency: int | None,
+    limit_key: str | None,
+    limit_burst: int | None,
+    limit_queue: str,
+) -> LimitDef | None:
+    """The limit ``@task`` declares (None: none); TaskRegistrationError when it is invalid."""
+    if rate_limit is None and concurrency is None:
+        if limit_key is not None or limit_burst is not None:
+            raise TaskRegistrationError(
+                f"task {task_name!r}: limit_key and limit_burst need rate_limit or concurrency"
+            )
+        return None
+    fields = {"queue": limit_queue, "task_type": task_name, "key": limit_key,
+              "rate": rate_limit, "burst": limit_burst, "concurrency": concurrency}  # fmt: skip
+    try:
+        return LimitDef.parse({**fields, "source": "code"})
+    except InvalidTaskError as exc:
+        raise TaskRegistrationError(f"task {task_name!r}: {exc}") from None
+
+
 class TaskDecorator(Generic[PayloadT]):
     """What ``task(name, ...)`` returns: applied to a handler, it registers it and gives back
     its :class:`dtq_tasks.typed.TaskDef` (an :class:`AsyncTaskDef` for an ``async def``
@@ -191,10 +223,12 @@ class TaskDecorator(Generic[PayloadT]):
         name: str,
         payload_model: type[BaseModel] | None,
         schedule: ScheduleDecl | Sequence[ScheduleDecl] | None,
+        limit: LimitDef | None = None,
     ) -> None:
         self.name = name
         self.payload_model = payload_model
         self.schedule = schedule
+        self.limit = limit
 
     # An async handler matches both signatures (in the second, R is its coroutine), which
     # mypy flags as an overlap; overloads are tried in order, so it gets the first.
@@ -220,6 +254,10 @@ class TaskDecorator(Generic[PayloadT]):
             )
         if self.schedule is not None:
             _declare(name, self.schedule)
+        if self.limit is not None:
+            _LIMITS[name] = self.limit
+        else:
+            _LIMITS.pop(name, None)  # a module reloaded without its limit
         handler = _REGISTRY[name] = Handler(name, fn, self.payload_model)
         kind = AsyncTaskDef if handler.is_async else SyncTaskDef
         return kind(name, fn, self.payload_model)
@@ -231,6 +269,11 @@ def task(
     *,
     payload_model: None = None,
     schedule: ScheduleDecl | Sequence[ScheduleDecl] | None = None,
+    rate_limit: str | None = None,
+    concurrency: int | None = None,
+    limit_key: str | None = None,
+    limit_burst: int | None = None,
+    limit_queue: str = "default",
 ) -> TaskDecorator[Mapping[str, Any]]: ...
 
 
@@ -240,6 +283,11 @@ def task(
     *,
     payload_model: type[M],
     schedule: ScheduleDecl | Sequence[ScheduleDecl] | None = None,
+    rate_limit: str | None = None,
+    concurrency: int | None = None,
+    limit_key: str | None = None,
+    limit_burst: int | None = None,
+    limit_queue: str = "default",
 ) -> TaskDecorator[M]: ...
 
 
@@ -248,6 +296,11 @@ def task(
     *,
     payload_model: type[BaseModel] | None = None,
     schedule: ScheduleDecl | Sequence[ScheduleDecl] | None = None,
+    rate_limit: str | None = None,
+    concurrency: int | None = None,
+    limit_key: str | None = None,
+    limit_burst: int | None = None,
+    limit_queue: str = "default",
 ) -> TaskDecorator[Any]:
     """Register ``fn(payload: dict, ctx: TaskContext) -> JSON-serialisable`` as ``name``.
 
@@ -260,6 +313,12 @@ def task(
     ``schedule``: one or more periodic schedules of this task (:func:`cron`, :func:`every`),
     created or updated in Redis when a worker with this handler starts (docs/schedules.md,
     "Schedules in code").
+
+    ``rate_limit`` (``"100/s"``, ``"5/m"``, ``"10/30s"``, with ``limit_burst`` tasks at once
+    at most) and ``concurrency`` (RUNNING tasks at most) declare a limit named after the task,
+    on this task type in ``limit_queue``, per value of the payload's ``limit_key``
+    (``"payload.tenant_id"``) when given: created or updated in Redis when a worker with this
+    handler starts, deleted when the code no longer declares it (docs/limits.md).
 
     The decorated name is a typed definition that calls the handler when called and submits
     the task with its payload typed: ``await fn.submit(q, payload, **options)`` returns a
@@ -276,7 +335,8 @@ def task(
         raise TaskRegistrationError(
             f"payload_model of task {name!r} must be a pydantic BaseModel subclass"
         )
-    return TaskDecorator(name, payload_model, schedule)
+    limit = _limit(name, rate_limit, concurrency, limit_key, limit_burst, limit_queue)
+    return TaskDecorator(name, payload_model, schedule, limit)
 
 
 def _origin(fn: Callable[..., Any]) -> str:

@@ -21,7 +21,14 @@ from fastapi import FastAPI, WebSocket
 from fastapi.openapi.utils import get_openapi
 
 from dtq import __version__, client
-from dtq.api import dashboard, routes_admin, routes_ops, routes_schedules, routes_tasks
+from dtq.api import (
+    dashboard,
+    routes_admin,
+    routes_limits,
+    routes_ops,
+    routes_schedules,
+    routes_tasks,
+)
 from dtq.api.deps import ApiState
 from dtq.api.errors import install_error_handlers, route_methods
 from dtq.api.limits import BodyLimitMiddleware, RequestIdMiddleware, max_body_bytes
@@ -97,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         routes_tasks.router,
         routes_admin.router,
         routes_schedules.router,
+        routes_limits.router,
         routes_ops.router,
         dashboard.router,
     )

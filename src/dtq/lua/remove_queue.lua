@@ -26,12 +26,14 @@
 --   its dead letters outlive their queue's name in the one shared stream)
 -- KEYS[17], cluster layout only: the queue's schedule index, which must be empty too (busy
 --   "schedules": the firer finds a queue's schedules through dtq:queues; docs/schedules.md)
+-- KEYS[18], cluster layout only: the queue's limits hash, which must be empty too (busy
+--   "limits": a limit is found by its name through dtq:queues; docs/limits.md)
 -- ARGV[1] queue  [2] idle TTL ms  [3] consumer group  [4] "check" | "remove"
 -- ARGV[5] the mark the check returned ("remove" only)
 -- Returns {"idle", mark} (check) | {"removed"} (remove) | {"busy", why}, why one of: default,
 --   in_flight (a pending entry), waiting (an entry not delivered), recent (activity within the
 --   idle TTL), changed (remove: the mark moved since the check), scheduled, dead_letters,
---   schedules (cluster layout)
+--   schedules, limits (cluster layout)
 local queue, ttl, group, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 if queue == 'default' then return {'busy', 'default'} end
 
@@ -45,8 +47,9 @@ local function last_id(stream)
   return nil
 end
 
-if #KEYS == 17 then
+if #KEYS == 18 then
   if redis.call('ZCARD', KEYS[17]) > 0 then return {'busy', 'schedules'} end
+  if redis.call('HLEN', KEYS[18]) > 0 then return {'busy', 'limits'} end
   for k = 12, 14 do
     if redis.call('ZCARD', KEYS[k]) > 0 then return {'busy', 'scheduled'} end
   end

@@ -48,6 +48,7 @@ from typing import Any, cast
 from redis.asyncio import Redis, RedisCluster
 
 from dtq import keys
+from dtq.admin.limits import sync_code_limits
 from dtq.admin.schedules import sync_code_schedules
 from dtq.calls import Audit, FireReply, Firing
 from dtq.clock import RedisClock
@@ -68,7 +69,7 @@ from dtq.worker.limits import REFRESH_S as LIMITS_REFRESH_S
 from dtq.worker.observer import ScheduleDecisions, SchedulerBatch, WorkerObserver
 from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq.worker.scheduler import Scheduler, TickResult
-from dtq_tasks import Handler, code_schedules, registry
+from dtq_tasks import Handler, code_limits, code_schedules, registry
 
 __all__ = ["READ_BATCH", "Worker", "WorkerObserver", "new_worker_id"]
 
@@ -275,6 +276,9 @@ class Worker:
             await self.store.ensure_groups(queue)
         await warn_durability(self.redis, log)
         await self._sync_schedules()
+        await sync_code_limits(
+            self.store, code_limits(), self.handlers, audit=Audit(f"worker:{self.worker_id}")
+        )
         return True
 
     async def _sync_schedules(self) -> None:
