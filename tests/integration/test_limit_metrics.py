@@ -68,7 +68,6 @@ async def test_limit_gauges_follow_the_places_held_and_waited_for(
     await define(r, "per-tenant", task_type="khold", key="payload.tenant", concurrency=1)
     await define(r, "elsewhere", queue="other", concurrency=3)  # a queue with nothing running
     await r.sadd(keys.QUEUES, "other")
-    await r.hset(keys.limits("default"), "broken", "{not json")  # left out, as workers do
     gate = Gate()
     async with running_worker(  # served, so that the idle "other" queue stays listed
         fast(settings),
@@ -76,6 +75,7 @@ async def test_limit_gauges_follow_the_places_held_and_waited_for(
         queues=("default", "other"),
         concurrency=8,
     ):
+        await r.hset(keys.limits("default"), "broken", "{not json")  # left out, as workers do
         ids = [(await queue.submit("hold", {})).task_id for _ in range(5)]
         tenants = [TENANT_MARKER + "-a"] * 3 + [TENANT_MARKER + "-b"] * 2
         ids += [(await queue.submit("khold", {"tenant": t})).task_id for t in tenants]
