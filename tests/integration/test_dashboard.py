@@ -4,9 +4,9 @@ Playwright, against a real API (uvicorn on 127.0.0.1), a real worker and the tes
 What a user sees: the overview lists a submitted task's queue and updates without reload; a
 task moves to succeeded on screen; a cancel through the UI cancels (with the API key entered
 once, kept in sessionStorage, sent as X-API-Key, never in a URL); the other operator actions
-change Redis; a payload or error containing HTML shows as text and no dialog fires; the event
-stream reconnects by itself after the API restarts; the security headers are on every
-dashboard response.
+change Redis; the limits page follows each limit's use; a payload or error containing HTML
+shows as text and no dialog fires; the event stream reconnects by itself after the API
+restarts; the security headers are on every dashboard response.
 
 Set ``DTQ_DASHBOARD_SCREENSHOT=docs/dashboard.png`` to write the overview screenshot of the
 docs (the workload then runs ``DTQ_DASHBOARD_SCREENSHOT_S`` seconds, default 75).
