@@ -4,9 +4,10 @@
 A limit's use is the ZCARD of its state's ``:running`` zset (the tasks holding a place) and of
 its ``:waiting`` zset (the tasks parked for a place). A keyed limit keeps one pair per key
 value, so its figures are the sums over its key values, found by ``SCAN MATCH <prefix>:k:*
-TYPE zset COUNT 1000``; past :data:`KEYED_CAP` keys of one limit the scan stops and its sums
-cover the keys found so far (a warning is logged once per limit). A key value is never a label:
-the gauges are per ``queue``, ``task_type`` (``""`` for a limit of every type) and ``limit``.
+TYPE zset COUNT 1000`` (in the cluster layout, on the node of the limit's queue only); past
+:data:`KEYED_CAP` keys of one limit the scan stops and its sums cover the keys found so far (a
+warning is logged once per limit). A key value is never a label: the gauges are per ``queue``,
+``task_type`` (``""`` for a limit of every type) and ``limit``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ResponseError
 
 from dtq import keys
@@ -70,7 +71,7 @@ class LimitUseReader:
             if d.key is None:
                 counted[name] = [prefixes[name] + _RUNNING, prefixes[name] + _WAITING]
             else:
-                counted[name] = await self._keyed_zsets(redis, name, prefixes)
+                counted[name] = await self._keyed_zsets(redis, name, d.queue, prefixes)
         pipe = redis.pipeline(transaction=False)
         for zsets in counted.values():
             for zset in zsets:
@@ -94,14 +95,20 @@ class LimitUseReader:
             out.append(LimitUse(d.queue, d.task_type or "", name, running, waiting))
         return out
 
-    async def _keyed_zsets(self, redis: Redis, name: str, prefixes: Mapping[str, str]) -> list[str]:
+    async def _keyed_zsets(
+        self, redis: Redis, name: str, queue: str, prefixes: Mapping[str, str]
+    ) -> list[str]:
         """The ``:running`` and ``:waiting`` zsets of a keyed limit's key values (at most
         :attr:`keyed_cap`). A limit whose name makes its state look like a key value of this
         one (``a:k:b`` beside ``a``) keeps its own keys: the longer prefix owns them."""
         match = prefixes[name] + ":k:"
         others = [p + ":" for other, p in prefixes.items() if other != name and p.startswith(match)]
         found: list[str] = []
-        async for key in redis.scan_iter(match=match + "*", count=SCAN_COUNT, _type="zset"):
+        where: dict[str, Any] = {}
+        if isinstance(redis, RedisCluster):  # the state is in its queue's slot: one node's
+            where["target_nodes"] = redis.get_node_from_key(keys.limits(queue))
+        scan = redis.scan_iter(match=match + "*", count=SCAN_COUNT, _type="zset", **where)
+        async for key in scan:
             k = key.decode() if isinstance(key, bytes) else str(key)
             if not k.endswith((_RUNNING, _WAITING)) or any(k.startswith(o) for o in others):
                 continue
