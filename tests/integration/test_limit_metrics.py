@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from test_metrics import Scrape, check_labels
+from test_metrics import Scrape, check_labels, gauges_text
 
 from dtq import Queue, keys
 from dtq.config import Settings
 from dtq.limits import LimitDef
+from dtq.metrics import Metrics
 from dtq.metrics.limit_gauges import LimitUseReader
 from dtq_tasks import TaskContext
 from support import running_worker, wait_until
@@ -133,3 +134,19 @@ async def test_a_keyed_limit_sums_at_most_the_cap_of_its_key_states(
     assert (whole.running, whole.waiting) == (30, 0)
     (capped,) = await LimitUseReader(keyed_cap=10).read(r, raw)
     assert capped.running == 10
+
+
+async def test_the_first_scrape_has_the_limits_of_a_queue_it_did_not_know(
+    settings: Settings, r: Redis
+) -> None:
+    """In the cluster layout a queue's limits are in that queue's hash: a queue listed since
+    the last scrape has its hash read in the same scrape."""
+    await define(r, "elsewhere", queue="other", task_type="work", concurrency=3)
+    await r.sadd(keys.QUEUES, "other")
+    metrics = Metrics()
+    metrics.add_redis_gauges(settings)
+    await metrics.refresh(r)
+    scrape = gauges_text(metrics)
+    (sample,) = scrape.samples("dtq_limit_running")
+    assert sample.labels == {"queue": "other", "task_type": "work", "limit": "elsewhere"}
+    assert sample.value == 0 and scrape.value("dtq_limit_waiting", limit="elsewhere") == 0
