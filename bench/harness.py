@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOOP_TASK = "bench.noop"
 RPUSH_TASK = "bench.rpush"
 RPUSH_KEY = "bench:rpush"  # the list the RPUSH handler appends to (not a dtq key)
+SLEEP_TASK, SLEEP_MS = "bench.sleep", 10  # a handler that sleeps 10 ms
 # The reference machine (2 cores, Redis 7.0) of the absolute targets: its raw-Streams loops.
 # An absolute target becomes a ratio to the same loop measured in the same run.
 REFERENCE = {"xadd": 120_000.0, "consume_ack": 104_000.0, "consume_ack_hset": 66_000.0}

@@ -32,6 +32,7 @@ from bench.scenarios import (
     expiration,
     http,
     latency,
+    limits,
     memory,
     scaling,
     schedules,
@@ -54,6 +55,7 @@ SCENARIOS: dict[str, Scenario] = {
     "expiration": expiration.run,
     "schedules": schedules.run,
     "waits": waits.run,
+    "limits": limits.run,
     "cluster": cluster.run,
 }
 

@@ -1,10 +1,10 @@
 """Smoke run of the benchmarks: ``python -m bench --quick`` against the test Redis completes and
 reports one valid JSON line per result, every scenario measured ("ok": a worker that cannot
 start is an error row and exit code 1). The cluster scenario, which starts clusters of its own,
-and the schedules scenario, which waits for its ticks, run in tests apart, so that each stays
-within its time limit. No timing is asserted: figures on a shared 2-core machine are for
-``make bench``, never a gate of ``make test`` (the schedules test asserts the exactly-once
-count, which is not a timing)."""
+the schedules scenario, which waits for its ticks, and the limits scenario, whose limits pace
+its drains, run in tests apart, so that each stays within its time limit. No timing is
+asserted: figures on a shared 2-core machine are for ``make bench``, never a gate of ``make
+test`` (the schedules test asserts the exactly-once count, which is not a timing)."""
 
 from __future__ import annotations
 
@@ -89,3 +89,10 @@ def test_quick_waits_bench_reports_latency_and_reads(redis_url: str) -> None:
     many = rows["waits.thousand_waiters"]
     assert many["waiters"] == 100 and many["blocked_clients"] >= 1
     assert many["xread_calls"] < many["waiters"]  # a count, not a timing
+
+
+def test_quick_limits_bench_drains_every_limited_queue(redis_url: str) -> None:
+    rows = {r["scenario"]: r for r in quick_bench(redis_url, ["limits"])}
+    assert rows["limits.rate"]["n"] == 200 and rows["limits.rate"]["limit_per_s"] == 100
+    assert rows["limits.concurrency"]["n"] == 80  # every task SUCCEEDED, counted
+    assert rows["limits.concurrency_fast_scheduler"]["ceiling_per_s"] == 800

@@ -4,9 +4,9 @@ Playwright, against a real API (uvicorn on 127.0.0.1), a real worker and the tes
 What a user sees: the overview lists a submitted task's queue and updates without reload; a
 task moves to succeeded on screen; a cancel through the UI cancels (with the API key entered
 once, kept in sessionStorage, sent as X-API-Key, never in a URL); the other operator actions
-change Redis; a payload or error containing HTML shows as text and no dialog fires; the event
-stream reconnects by itself after the API restarts; the security headers are on every
-dashboard response.
+change Redis; the limits page follows each limit's use; a payload or error containing HTML
+shows as text and no dialog fires; the event stream reconnects by itself after the API
+restarts; the security headers are on every dashboard response.
 
 Set ``DTQ_DASHBOARD_SCREENSHOT=docs/dashboard.png`` to write the overview screenshot of the
 docs (the workload then runs ``DTQ_DASHBOARD_SCREENSHOT_S`` seconds, default 75).
@@ -426,6 +426,51 @@ async def test_schedules_page_lists_pauses_and_triggers(
     assert len(posts) == 3
     for post in posts:
         assert (await post.all_headers()).get("x-api-key") == API_KEY, post.url
+    assert await ui.not_reloaded()
+
+
+# -- limits ---------------------------------------------------------------------------------------
+
+
+async def test_limits_page_shows_each_limit_and_its_use_live(
+    ui: Watched, server: ApiServer, queue: Queue, dash_settings: Settings
+) -> None:
+    await queue.put_limit("dash-two", queue="dash-l", task_type="dash_hold", concurrency=2)
+    await queue.put_limit(
+        "dash-tenants", queue="dash-l", key="payload.tenant", rate="5/s", burst=10
+    )
+    await open_dashboard(ui, server, "#/limits")
+    two = ui.page.locator('[data-testid="limits"] tr[data-limit="dash-two"]')
+    await expect(two.locator('[data-col="target"]')).to_have_text("dash-l / dash_hold")
+    await expect(two.locator('[data-col="concurrency"]')).to_have_text("2")
+    await expect(two.locator('[data-col="rate"]')).to_have_text("—")
+    await expect(two.locator('[data-col="running"]')).to_have_text("0")
+    tenants = ui.page.locator('[data-testid="limits"] tr[data-limit="dash-tenants"]')
+    await expect(tenants.locator('[data-col="target"]')).to_have_text("dash-l / every type")
+    await expect(tenants.locator('[data-col="key"]')).to_have_text("payload.tenant")
+    await expect(tenants.locator('[data-col="rate"]')).to_have_text("5/s, burst 10")
+
+    # Live, without reload (the view polls every 2 s): two tasks hold the places, three wait.
+    release = asyncio.Event()
+
+    async def hold(payload: dict[str, Any], ctx: TaskContext) -> None:
+        await release.wait()
+
+    async with running_worker(
+        dash_settings, handlers(dash_hold=hold), queues=("dash-l",), concurrency=8
+    ):
+        ids = [(await queue.submit("dash_hold", {}, queue="dash-l")).task_id for _ in range(5)]
+        await expect(two.locator('[data-col="running"]')).to_have_text("2", timeout=SECONDS)
+        await expect(two.locator('[data-col="waiting"]')).to_have_text("3", timeout=SECONDS)
+        release.set()
+        await queue.wait_many(ids, timeout=60)
+        await expect(two.locator('[data-col="running"]')).to_have_text("0", timeout=SECONDS)
+        await expect(two.locator('[data-col="waiting"]')).to_have_text("0")
+
+    # A limit removed elsewhere leaves the list by itself.
+    await queue.delete_limit("dash-tenants")
+    await expect(tenants).to_have_count(0, timeout=SECONDS)
+    await expect(two).to_have_count(1)
     assert await ui.not_reloaded()
 
 

@@ -13,13 +13,15 @@ import). Who counts what, each where the thing happens (``docs/operations.md`` h
 - both: ``dtq_redis_operations_total`` for script calls (``script:<name>``, a worker's reads are
   ``script:read``) and single commands (``xreadgroup``, ``xautoclaim``, ...).
 
-Labels are only ``queue``, ``task_type``, ``status``, ``result``, ``worker_id``, ``operation``
-and ``reason`` (:data:`LABEL_NAMES`); never a task id, payload or exception text. A queue or
+Labels are only ``queue``, ``task_type``, ``status``, ``result``, ``worker_id``, ``operation``,
+``reason`` and ``limit`` (a limit's name, :data:`LABEL_NAMES`); never a task id, payload,
+exception text or a limit's key value. A queue or
 task type that is not a valid name, or a task type this process does not know, is counted as
 ``(other)``, so label values stay a small, known set.
 
 :class:`RedisGauges` (the API's ``/metrics``) reads queue depth and pending, the retry schedule,
-the DLQ, workers and near-expiration in one pipelined round trip per scrape; see its docstring.
+the DLQ, workers and near-expiration in one pipelined round trip per scrape, and the use of
+each declared limit (:mod:`dtq.metrics.limit_gauges`); see its docstring.
 """
 
 from dtq.metrics.redis_gauges import OpHook, RedisGauges

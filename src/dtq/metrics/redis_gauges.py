@@ -22,6 +22,7 @@ from redis.exceptions import (
 from dtq import keys
 from dtq.clock import RedisClock, local_ms
 from dtq.config import Settings
+from dtq.metrics.limit_gauges import LimitUse, LimitUseReader, limit_hashes
 from dtq.records import (
     DEPTH_READS,
     LIVENESS_FIELDS,
@@ -54,6 +55,7 @@ class _Snapshot:
     workers_active: int = 0
     workers_stale: int = 0
     max_queue_depth: int = 0
+    limits: list[LimitUse] = field(default_factory=list)
 
 
 @dataclass
@@ -68,6 +70,8 @@ class _Reads:
     expiring: list[str]
     counts: dict[str, list[Any]]  # queue -> XLEN, XPENDING, ... of its ten streams
     beats: dict[str, dict[str, Any] | None]  # worker id -> its liveness fields (None: gone)
+    limit_hashes: set[str]  # the definition hashes read
+    limit_defs: dict[str, str]  # limit name -> its definition's JSON
 
 
 class RedisGauges:
@@ -78,10 +82,12 @@ class RedisGauges:
     ``XLEN dtq:stream:dead-letter``; ``ZRANGEBYSCORE dtq:expiry -inf <now + window>`` (at most
     10,000 members); and, for every queue and worker known from the previous scrape, ``XLEN``
     and ``XPENDING`` of its ten streams and ``EXISTS`` and ``HMGET`` of its hash's liveness
-    fields (:data:`dtq.records.LIVENESS_FIELDS`). A second
+    fields (:data:`dtq.records.LIVENESS_FIELDS`); ``HGETALL`` of the limit definitions
+    (``dtq:limits``; in the cluster layout, each known queue's). A second
     round trip happens only for what the first discovered: a queue or worker not seen before,
     or an expiring task whose queue is not known yet (a task's queue never changes, so it is
-    looked up once while it stays in the window).
+    looked up once while it stays in the window). When limits are defined, one more round trip
+    reads their use, and each keyed limit a SCAN (:mod:`dtq.metrics.limit_gauges`).
 
     ``dtq:expiry`` is one zset for all queues and holds only tasks that have not started
     (the start script removes a task's member, a retry puts it back), so near-expiration per
@@ -119,6 +125,7 @@ class RedisGauges:
         self._snapshot: _Snapshot | None = None
         self._warned_cap = False
         self._lock = asyncio.Lock()
+        self.limit_reader = LimitUseReader()
 
     async def refresh(self, redis: Redis) -> None:
         async with self._lock:
@@ -146,7 +153,11 @@ class RedisGauges:
         self._queues, self._workers = reads.queues, reads.workers
         known = self._task_queue
         self._task_queue = {t: known[t] for t in reads.expiring if t in known}
-        return self._snapshot_of(reads)
+        snap = self._snapshot_of(reads)
+        if reads.limit_defs:
+            snap.limits = await self.limit_reader.read(redis, reads.limit_defs)
+            self.round_trips += 1
+        return snap
 
     async def _first_trip(self, redis: Redis) -> _Reads:
         """The one pipeline of every scrape, for the queues and workers already known."""
@@ -165,13 +176,17 @@ class RedisGauges:
         for q in queues:
             read_depth(pipe, q)
         _worker_reads(pipe, workers)
+        hashes = limit_hashes(queues)
+        for name in hashes:
+            pipe.hgetall(name)
         before_ms = local_ms()
         replies = await _execute(pipe)
         now_ms = self.clock.observe(replies[0], before_ms, local_ms())
         self.round_trips += 1
         queue_set, worker_set = replies[1:3]
         shared = replies[3 : 3 + 3 * len(scopes)]
-        rest = replies[3 + 3 * len(scopes) :]
+        rest = replies[3 + 3 * len(scopes) : len(replies) - len(hashes)]
+        defs = _limit_defs(replies[len(replies) - len(hashes) :])
         expiring: list[str] = []
         for scope, found in zip(scopes, shared[2::3], strict=True):
             for t in found:
@@ -188,6 +203,8 @@ class RedisGauges:
             expiring=expiring[: self.expiring_cap],
             counts=_per_queue(queues, rest[:split]),
             beats=_per_worker(workers, rest[split:]),
+            limit_hashes=set(hashes),
+            limit_defs=defs,
         )
 
     async def _discover(self, redis: Redis, reads: _Reads) -> None:
@@ -205,6 +222,7 @@ class RedisGauges:
                 self.settings.near_expiration_s,
                 self.expiring_cap,
             )
+        new_hashes = [h for h in limit_hashes(new_queues) if h not in reads.limit_hashes]
         if not (new_queues or new_workers or unknown):
             return
         pipe = redis.pipeline(transaction=False)
@@ -217,8 +235,13 @@ class RedisGauges:
         window_end = self.clock.now_ms() + self.settings.near_expiration_s * 1000
         for scope in scopes:
             _shared_reads(pipe, scope, window_end, self.expiring_cap)
+        for name in new_hashes:
+            pipe.hgetall(name)
         more = await _execute(pipe)
         self.round_trips += 1
+        if new_hashes:
+            reads.limit_defs.update(_limit_defs(more[len(more) - len(new_hashes) :]))
+            more = more[: len(more) - len(new_hashes)]
         split = len(new_queues) * PER_QUEUE
         reads.counts.update(_per_queue(new_queues, more[:split]))
         beats_end = split + 2 * len(new_workers)
@@ -301,6 +324,18 @@ class RedisGauges:
             "DTQ_MAX_QUEUE_DEPTH of this API (admission limit per queue)",
             value=s.max_queue_depth,
         )
+        labels = ["queue", "task_type", "limit"]
+        running = GaugeMetricFamily(
+            "dtq_limit_running", "Tasks holding a place of the limit (RUNNING)", labels=labels
+        )
+        waiting = GaugeMetricFamily(
+            "dtq_limit_waiting", "Tasks parked for a place of the limit", labels=labels
+        )
+        for use in s.limits:
+            running.add_metric([use.queue, use.task_type, use.limit], use.running)
+            waiting.add_metric([use.queue, use.task_type, use.limit], use.waiting)
+        yield running
+        yield waiting
 
 
 PER_QUEUE = DEPTH_READS
@@ -331,6 +366,15 @@ def _per_worker(workers: Sequence[str], replies: Sequence[Any]) -> dict[str, dic
         exists, values = replies[2 * i], replies[2 * i + 1]
         ok = exists and not isinstance(exists, Exception) and not isinstance(values, Exception)
         out[wid] = dict(zip(LIVENESS_FIELDS, values, strict=True)) if ok else None
+    return out
+
+
+def _limit_defs(replies: Sequence[Any]) -> dict[str, str]:
+    """The definitions (limit name -> JSON) of the definition hashes' HGETALL replies."""
+    out: dict[str, str] = {}
+    for reply in replies:
+        if isinstance(reply, dict):
+            out.update({str(k): str(v) for k, v in reply.items()})
     return out
 
 

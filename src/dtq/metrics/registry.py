@@ -40,7 +40,7 @@ __all__ = [
 
 
 LABEL_NAMES = frozenset(
-    {"queue", "task_type", "status", "result", "worker_id", "operation", "reason"}
+    {"queue", "task_type", "status", "result", "worker_id", "operation", "reason", "limit"}
 )
 COMPLETED_STATUSES = ("succeeded", "failed", "dead_lettered", "cancelled", "expired")
 ATTEMPT_RESULTS = ("success", "failure", "timeout", "error")

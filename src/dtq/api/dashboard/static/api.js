@@ -99,6 +99,7 @@ export const api = {
   pauseSchedule: (name) => request("POST", `schedules/${encodeURIComponent(name)}/pause`, { destructive: true }),
   resumeSchedule: (name) => request("POST", `schedules/${encodeURIComponent(name)}/resume`, { destructive: true }),
   triggerSchedule: (name) => request("POST", `schedules/${encodeURIComponent(name)}/trigger`, { destructive: true }),
+  limits: () => request("GET", "limits"),
 };
 
 /** The WebSocket URL of the event stream (DTQ_WS_PATH), relative to the page like the API. */

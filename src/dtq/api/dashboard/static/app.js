@@ -5,6 +5,7 @@ import { api, eventsUrl } from "./api.js";
 import { Throughput } from "./chart.js";
 import { deadLettersView } from "./dlq.js";
 import { fill, h } from "./dom.js";
+import { limitListView } from "./limits.js";
 import { LiveEvents } from "./live.js";
 import { overviewView } from "./overview.js";
 import { scheduleListView, scheduleView } from "./schedules.js";
@@ -32,6 +33,7 @@ function route() {
   if (parts[0] === "task" && parts[1]) return { name: "task", id: parts[1] };
   if (parts[0] === "dlq") return { name: "dlq" };
   if (parts[0] === "schedules") return { name: "schedules" };
+  if (parts[0] === "limits") return { name: "limits" };
   if (parts[0] === "schedule" && parts[1]) return { name: "schedule", id: parts[1] };
   return { name: "overview" };
 }
@@ -53,6 +55,7 @@ function show() {
   else if (where.name === "dlq") current = deadLettersView(root, shared);
   else if (where.name === "schedules") current = scheduleListView(root, shared);
   else if (where.name === "schedule") current = scheduleView(root, shared, where.id);
+  else if (where.name === "limits") current = limitListView(root, shared);
   else current = overviewView(root, shared);
   const titles = { task: () => "task " + where.id.slice(0, 8), schedule: () => "schedule " + where.id };
   document.title = `dtq · ${titles[where.name] ? titles[where.name]() : where.name}`;
