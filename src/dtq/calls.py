@@ -687,6 +687,7 @@ class FinishReply:
 
     status: str
     detail: str = ""
+    freed: bool = False  # a limit's place came free and its first waiter was made due
 
 
 # The usual replies, built once: a finish allocates no reply of its own.
@@ -756,6 +757,9 @@ async def finish_many(db: Backend, calls: Sequence[Call]) -> list[FinishReply | 
             out.append(r)
             continue
         status, detail = str(r[0]), str(r[1])
+        if len(r) > 2:
+            out.append(FinishReply(status, detail, freed=True))
+            continue
         usual = _FINISHED.get(status) if detail == "" else None
         out.append(usual if usual is not None else FinishReply(status, detail))
     return out

@@ -128,14 +128,16 @@ end
 -- parked for a place (highest priority, then parked longest) is made due now in the retry
 -- schedule, for the scheduler to promote. A member no longer in the schedule (cancelled,
 -- expired, or promoted by its own re-check meanwhile) is dropped and the next one taken.
+-- True when a waiter was made due: the worker then promotes it at once (without waiting for
+-- the scheduler's next pass).
 local function limit_promote(waiting, schedule, now)
   while true do
     local w = redis.call('ZPOPMIN', waiting)
-    if #w == 0 then return end
+    if #w == 0 then return false end
     local due = redis.call('ZSCORE', schedule, w[1])
     if due then
       if tonumber(due) > now then redis.call('ZADD', schedule, now, w[1]) end
-      return
+      return true
     end
   end
 end

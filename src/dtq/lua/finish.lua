@@ -35,7 +35,8 @@
 -- KEYS[11] = dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
 -- then, for each limit whose place the start took (ARGV[22] says how many; docs/limits.md):
 -- KEYS[10 + 2i] = its running set, KEYS[11 + 2i] = its waiting set. The task gives its place
--- back whatever its outcome (it leaves RUNNING), and the first waiter is made due.
+-- back whatever its outcome (it leaves RUNNING), and the first waiter is made due; the reply
+-- then has a third element, "1", and the worker promotes the queue's due tasks at once.
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] attempt
 -- ARGV[6] outcome  [7] result JSON ("" if none)  [8] result too large "1"/"0"
 -- ARGV[9] error_class  [10] error_message (sanitized)  [11] retryable "1"/"0"
@@ -170,9 +171,11 @@ if not deleted then
 end
 redis.call('SREM', KEYS[9], task_id)
 if to ~= 'retrying' then redis.call('ZREM', KEYS[5], task_id) end
+local freed = nil  -- "1": a place's waiter was made due (the reply's third element)
 for i = 1, tonumber(ARGV[22]) or 0 do
-  if redis.call('ZREM', KEYS[10 + 2 * i], task_id) == 1 then
-    limit_promote(KEYS[11 + 2 * i], KEYS[4], now)
+  if redis.call('ZREM', KEYS[10 + 2 * i], task_id) == 1
+      and limit_promote(KEYS[11 + 2 * i], KEYS[4], now) then
+    freed = '1'
   end
 end
 local reason = outcome
@@ -186,4 +189,4 @@ end
 hist(KEYS[2], retention, ts, 'running', to, attempt, worker, reason, extra)
 emit(ARGV[18], ARGV[19], ts, etype, task_id, queue, task_type, attempt, worker,
   next(meta) and meta or nil)
-return {to, to == 'retrying' and delay_ms or ''}
+return {to, to == 'retrying' and delay_ms or '', freed}

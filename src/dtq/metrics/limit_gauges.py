@@ -3,7 +3,7 @@
 
 A limit's use is the ZCARD of its state's ``:running`` zset (the tasks holding a place) and of
 its ``:waiting`` zset (the tasks parked for a place). A keyed limit keeps one pair per key
-value, so its figures are the sums over its key values, found by ``SCAN MATCH <prefix>:k:*
+value, so its figures are the sums over its key values, found by ``SCAN MATCH <prefix>=*
 TYPE zset COUNT 1000`` (in the cluster layout, on the node of the limit's queue only); past
 :data:`KEYED_CAP` keys of one limit the scan stops and its sums cover the keys found so far (a
 warning is logged once per limit). A key value is never a label: the gauges are per ``queue``,
@@ -99,10 +99,9 @@ class LimitUseReader:
         self, redis: Redis, name: str, queue: str, prefixes: Mapping[str, str]
     ) -> list[str]:
         """The ``:running`` and ``:waiting`` zsets of a keyed limit's key values (at most
-        :attr:`keyed_cap`). A limit whose name makes its state look like a key value of this
-        one (``a:k:b`` beside ``a``) keeps its own keys: the longer prefix owns them."""
-        match = prefixes[name] + ":k:"
-        others = [p + ":" for other, p in prefixes.items() if other != name and p.startswith(match)]
+        :attr:`keyed_cap`): ``<prefix>=<value>:...`` ("=" is in no limit name, so no other
+        limit's state matches)."""
+        match = prefixes[name] + "="
         found: list[str] = []
         where: dict[str, Any] = {}
         if isinstance(redis, RedisCluster):  # the state is in its queue's slot: one node's
@@ -110,7 +109,7 @@ class LimitUseReader:
         scan = redis.scan_iter(match=match + "*", count=SCAN_COUNT, _type="zset", **where)
         async for key in scan:
             k = key.decode() if isinstance(key, bytes) else str(key)
-            if not k.endswith((_RUNNING, _WAITING)) or any(k.startswith(o) for o in others):
+            if not k.endswith((_RUNNING, _WAITING)):
                 continue
             found.append(k)
             if len(found) >= self.keyed_cap:

@@ -20,7 +20,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from dtq import calls, keys
@@ -67,6 +67,9 @@ class Finisher:
         self._items: list[tuple[Call, str, asyncio.Future[FinishReply | Exception]]] = []
         self._wake = asyncio.Event()
         self._closing = False
+        # Told the queue of a finish that freed a limit's place (docs/limits.md): the worker
+        # promotes that queue's due tasks at once, the waiter among them.
+        self.on_freed: Callable[[str], None] | None = None
         self.tasks_processed = 0
         self.tasks_failed = 0
         self.tasks_retried = 0
@@ -117,6 +120,8 @@ class Finisher:
         self._items.append((call, entry.task_id, fut))
         self._wake.set()
         reply = await asyncio.shield(fut)
+        if self.on_freed is not None and isinstance(reply, FinishReply) and reply.freed:
+            self.on_freed(entry.queue)
         status = self._status(entry, start.attempt, outcome.kind, reply)
         if self.observers:
             event = _finished_event(entry, start, status, outcome, ran)

@@ -147,6 +147,9 @@ class Scheduler:
         self._next_lost_pass_ms = 0
         self._lost_entries = LostEntries(store)
         self._rng = random.Random()
+        self._nudging: set[str] = set()  # scopes promote_soon is promoting now
+        self._nudge_again: set[str] = set()
+        self._nudges: set[asyncio.Task[None]] = set()
 
     @property
     def is_leader(self) -> bool:
@@ -219,6 +222,37 @@ class Scheduler:
             if loop.time() >= deadline:
                 return
             await self._promote_scope(scope, stale_ms, deadline, result)
+
+    def promote_soon(self, queue: str) -> None:
+        """Promote ``queue``'s due tasks now, from any worker, not at the leader's next pass:
+        a finish freed a limit's place and made its first waiter due (docs/limits.md). Calls
+        made while one runs for the same scope run once more after it; claims are atomic, so
+        this never races the leader into promoting a task twice."""
+        scope = keys.scopes([queue])[0]
+        if scope in self._nudging:
+            self._nudge_again.add(scope)
+            return
+        self._nudging.add(scope)
+        task = asyncio.ensure_future(self._nudge(scope))
+        self._nudges.add(task)
+        task.add_done_callback(self._nudges.discard)
+
+    async def _nudge(self, scope: str) -> None:
+        stale_ms = round(self.settings.claim_stale_s * 1000)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                self._nudge_again.discard(scope)
+                result = TickResult()
+                await self._promote_scope(scope, stale_ms, loop.time() + PHASE_BUDGET_S, result)
+                if scope not in self._nudge_again:
+                    return
+        except TRANSIENT as exc:  # the scheduler's pass promotes it then
+            log.debug("promotion after a freed limit place failed: %s", exc)
+        except Exception:
+            log.exception("promotion after a freed limit place failed")
+        finally:
+            self._nudging.discard(scope)
 
     async def _promote_scope(
         self, scope: str, stale_ms: int, deadline: float, result: TickResult

@@ -212,6 +212,7 @@ class Worker:
             outage=self.outage,
         )
         scheduler = asyncio.create_task(leader.run(self._scheduler_stop), name="scheduler")
+        self.execution.finisher.on_freed = leader.promote_soon
         firer = asyncio.create_task(
             Firer(
                 self.store,
