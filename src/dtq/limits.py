@@ -159,6 +159,16 @@ class LimitDef(BaseModel):
             msg = str(first["msg"]).removeprefix("Value error, ")
             raise LimitSpecError(f"invalid limit: {where + ': ' if where else ''}{msg}") from None
 
+    @classmethod
+    def stored(cls, text: str) -> LimitDef | None:
+        """A definition as a limits hash holds it; None when it is not a valid one (written
+        by hand, or by a newer dtq): such a limit is applied nowhere and listed nowhere, and a
+        put replaces it."""
+        try:
+            return cls.parse(json.loads(text))
+        except (ValueError, LimitSpecError):
+            return None
+
     @property
     def parsed_rate(self) -> Rate | None:
         return None if self.rate is None else parse_rate(self.rate)

@@ -265,3 +265,19 @@ async def test_a_limit_put_through_the_sdk_is_enforced_and_its_use_read(
         ended = await queue.wait_many(ids, timeout=60)
     assert all(t.status == TaskStatus.SUCCEEDED for t in ended)
     assert (await queue.get_limit("sdk-two")).use.running == 0
+
+
+async def test_an_invalid_stored_definition_is_skipped_everywhere(
+    queue: Queue, settings: Settings, r: Redis
+) -> None:
+    """A definition written by hand that dtq cannot read stops nothing: the worker starts and
+    applies the others, the list leaves it out, a put replaces it."""
+    await r.hset(keys.limits("default"), "broken", "{not json")
+    await define(r, "one", task_type="work", concurrency=1)
+    log = Log()
+    async with running_worker(fast(settings), handlers(work=log.handler(0.05)), concurrency=8):
+        await all_end(queue, [(await queue.submit("work", {})).task_id for _ in range(4)])
+    assert log.most == 1
+    assert [limit.name for limit in await queue.list_limits()] == ["one"]
+    await queue.put_limit("broken", concurrency=3)
+    assert (await queue.get_limit("broken")).concurrency == 3

@@ -96,8 +96,8 @@ async def locate(store: Store, name: str) -> tuple[str, LimitDef] | None:
     for scope in scopes:
         pipe.hget(keys.limits(scope), name)
     for raw in await pipe.execute():
-        if raw is not None:
-            d = LimitDef.model_validate_json(raw)
+        d = None if raw is None else LimitDef.stored(raw)
+        if d is not None:
             return d.queue, d
     return None
 
@@ -151,7 +151,9 @@ async def list_limits(store: Store) -> builtins.list[Limit]:
     found: dict[str, LimitDef] = {}
     for h in await pipe.execute():
         for name, raw in cast(dict[str, str], h).items():
-            found[name] = LimitDef.model_validate_json(raw)
+            d = LimitDef.stored(raw)
+            if d is not None:
+                found[name] = d
     return await _read(store, sorted(found.items()))
 
 

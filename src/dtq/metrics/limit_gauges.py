@@ -12,7 +12,6 @@ warning is logged once per limit). A key value is never a label: the gauges are 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ResponseError
 
 from dtq import keys
-from dtq.limits import LimitDef, LimitSpecError
+from dtq.limits import LimitDef
 
 __all__ = ["KEYED_CAP", "SCAN_COUNT", "LimitUse", "LimitUseReader", "limit_hashes"]
 
@@ -129,8 +128,7 @@ class LimitUseReader:
 def _parse(raw: Mapping[str, str]) -> dict[str, LimitDef]:
     out: dict[str, LimitDef] = {}
     for name, text in sorted(raw.items()):
-        try:
-            out[name] = LimitDef.parse(json.loads(text))
-        except (ValueError, LimitSpecError):
-            continue
+        d = LimitDef.stored(text)
+        if d is not None:
+            out[name] = d
     return out

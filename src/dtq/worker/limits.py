@@ -13,7 +13,7 @@ from typing import Any
 
 from dtq import keys
 from dtq.calls import Entry, LimitUse
-from dtq.limits import LimitDef, LimitSpecError, key_value
+from dtq.limits import LimitDef, key_value
 from dtq.store import Store
 
 __all__ = ["REFRESH_S", "LimitCache"]
@@ -60,13 +60,11 @@ class LimitCache:
         self._memo = {}
 
     def _parse(self, name: str, text: str) -> LimitDef | None:
-        try:
-            return LimitDef.parse(json.loads(text))
-        except (ValueError, LimitSpecError) as exc:
-            if (name, text) not in self._refused:
-                self._refused.add((name, text))
-                log.error("limit %s is not a valid definition, not applied: %s", name, exc)
-            return None
+        d = LimitDef.stored(text)
+        if d is None and (name, text) not in self._refused:
+            self._refused.add((name, text))
+            log.error("limit %s is not a valid definition, not applied: %r", name, text[:200])
+        return d
 
     def _applicable(self, queue: str, task_type: str) -> tuple[tuple[str, LimitDef], ...]:
         got = self._memo.get((queue, task_type))
