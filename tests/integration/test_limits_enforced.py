@@ -167,17 +167,24 @@ async def _status_is(queue: Queue, task_id: str, status: str) -> bool:
 async def test_a_change_reaches_a_running_worker(
     queue: Queue, settings: Settings, r: Redis
 ) -> None:
+    """A definition put or deleted while the worker runs is applied (or dropped) by its next
+    read of the definitions, every second (3 s allowed here for a loaded machine)."""
     log = Log()
-    async with running_worker(fast(settings), handlers(work=log.handler(0.05)), concurrency=8):
+    work = handlers(work=log.handler(0.05))
+    async with running_worker(fast(settings), work, concurrency=8) as worker:
+
+        async def applied(yes: bool) -> bool:
+            return worker.execution.limits.empty is not yes
+
         await all_end(queue, [(await queue.submit("work", {})).task_id for _ in range(6)])
         assert log.most > 1  # no limit yet
         await define(r, "now-one", task_type="work", concurrency=1)
-        await asyncio.sleep(1.5)  # the workers read the definitions every second
+        await wait_until(lambda: applied(True), 3, "the worker read the new limit")
         log.most = 0
         await all_end(queue, [(await queue.submit("work", {})).task_id for _ in range(6)])
         assert log.most == 1
         await r.hdel(keys.limits("default"), "now-one")
-        await asyncio.sleep(1.5)
+        await wait_until(lambda: applied(False), 3, "the worker dropped the limit")
         log.most = 0
         await all_end(queue, [(await queue.submit("work", {})).task_id for _ in range(6)])
     assert log.most > 1
