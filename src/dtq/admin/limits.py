@@ -18,12 +18,12 @@ from collections.abc import Collection, Mapping
 from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict
-from redis.asyncio import RedisCluster
 
 from dtq import calls, keys
 from dtq.calls import Audit
 from dtq.errors import LimitNotFoundError
 from dtq.limits import LimitDef, check_limit_name
+from dtq.metrics.limit_gauges import read_use
 from dtq.store import Store
 
 __all__ = [
@@ -39,8 +39,6 @@ __all__ = [
 ]
 
 SCAN_KEYS_MAX = 10_000  # state keys of a keyed limit read for its use, at most
-SCAN_PAGE = 1_000
-_STATE_SUFFIXES = (":running", ":waiting", ":rate")
 
 
 class LimitUse(BaseModel):
@@ -166,73 +164,24 @@ async def delete_limit(store: Store, name: str, *, audit: Audit | None = None) -
 
 
 async def _read(store: Store, defs: builtins.list[tuple[str, LimitDef]]) -> builtins.list[Limit]:
-    """The read models of ``defs``, their use read in one round trip (the unkeyed ones) and one
-    bounded SCAN each (the keyed ones)."""
+    """The read models of ``defs``, with their use (:func:`dtq.metrics.limit_gauges.read_use`:
+    one round trip, and one bounded SCAN per keyed limit)."""
     if not defs:
         return []
-    pipe = store.redis.pipeline(transaction=False)
-    unkeyed = [(n, d) for n, d in defs if d.key is None]
-    for n, d in unkeyed:
-        prefix = keys.limit_state(d.queue, n)
-        pipe.zcard(prefix + ":running")
-        pipe.zcard(prefix + ":waiting")
-    counts = await pipe.execute() if unkeyed else []
-    use: dict[str, LimitUse] = {}
-    for i, (n, _) in enumerate(unkeyed):
-        use[n] = LimitUse(running=int(counts[2 * i]), waiting=int(counts[2 * i + 1]))
-    for n, d in defs:
-        if d.key is not None:
-            use[n] = await _keyed_use(store, n, d)
-    return [Limit(name=n, use=use[n], **d.model_dump(exclude_none=True)) for n, d in defs]
-
-
-async def _keyed_use(store: Store, name: str, d: LimitDef) -> LimitUse:
-    """A keyed limit's use: its state keys ``<prefix>=<value>:<running|waiting|rate>`` found
-    by SCAN (on the node of the queue's slot in the cluster layout), at most
-    :data:`SCAN_KEYS_MAX` of them."""
-    redis = store.redis
-    base = keys.limit_state(d.queue, name, "x")[:-1]  # "<prefix>="
-    match = base + "*"
-    node = None
-    if isinstance(redis, RedisCluster):
-        node = redis.get_node_from_key(keys.limits(d.queue))
-    found: list[str] = []
-    cursor = 0
-    while True:
-        if node is None:
-            cursor, page = await redis.scan(cursor, match=match, count=SCAN_PAGE)
-        else:
-            reply = await redis.execute_command(
-                "SCAN", cursor, "MATCH", match, "COUNT", SCAN_PAGE, target_nodes=node
-            )
-            cursor, page = reply
-            if isinstance(cursor, dict):  # redis-py's cluster SCAN: the cursor of each node
-                cursor = next(iter(cursor.values()))
-        found += [str(k) for k in page]
-        cursor = int(cursor)
-        if cursor == 0 or len(found) >= SCAN_KEYS_MAX:
-            break
-    capped = cursor != 0
-    values: set[str] = set()
-    counted: list[tuple[str, str]] = []
-    for k in found[:SCAN_KEYS_MAX]:
-        for suffix in _STATE_SUFFIXES:
-            if k.endswith(suffix):
-                values.add(k[len(base) : -len(suffix)])
-                if suffix != ":rate":
-                    counted.append((suffix, k))
-                break
-    running = waiting = 0
-    if counted:
-        pipe = redis.pipeline(transaction=False)
-        for _, k in counted:
-            pipe.zcard(k)
-        for (suffix, _), n in zip(counted, await pipe.execute(), strict=True):
-            if suffix == ":running":
-                running += int(n)
-            else:
-                waiting += int(n)
-    return LimitUse(running=running, waiting=waiting, keys=len(values), capped=capped)
+    use = await read_use(store.redis, dict(defs), SCAN_KEYS_MAX)
+    return [
+        Limit(
+            name=n,
+            use=LimitUse(
+                running=use[n].running,
+                waiting=use[n].waiting,
+                keys=None if d.key is None else use[n].keys,
+                capped=use[n].capped,
+            ),
+            **d.model_dump(exclude_none=True),
+        )
+        for n, d in defs
+    ]
 
 
 async def sync_code_limits(

@@ -4,7 +4,7 @@
 A limit's use is the ZCARD of its state's ``:running`` zset (the tasks holding a place) and of
 its ``:waiting`` zset (the tasks parked for a place). A keyed limit keeps one pair per key
 value, so its figures are the sums over its key values, found by ``SCAN MATCH <prefix>=*
-TYPE zset COUNT 1000`` (in the cluster layout, on the node of the limit's queue only); past
+COUNT 1000`` (in the cluster layout, on the node of the limit's queue only); past
 :data:`KEYED_CAP` keys of one limit the scan stops and its sums cover the keys found so far (a
 warning is logged once per limit). A key value is never a label: the gauges are per ``queue``,
 ``task_type`` (``""`` for a limit of every type) and ``limit``.
@@ -23,13 +23,22 @@ from redis.exceptions import ResponseError
 from dtq import keys
 from dtq.limits import LimitDef
 
-__all__ = ["KEYED_CAP", "SCAN_COUNT", "LimitUse", "LimitUseReader", "limit_hashes"]
+__all__ = [
+    "KEYED_CAP",
+    "SCAN_COUNT",
+    "LimitUse",
+    "LimitUseReader",
+    "Use",
+    "limit_hashes",
+    "read_use",
+]
 
 log = logging.getLogger(__name__)
 
 KEYED_CAP = 10_000  # keys of one keyed limit read per scrape at most
 SCAN_COUNT = 1000
-_RUNNING, _WAITING = ":running", ":waiting"
+_RUNNING, _WAITING, _RATE = ":running", ":waiting", ":rate"
+_SUFFIXES = (_RUNNING, _WAITING, _RATE)
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,84 @@ def limit_hashes(queues: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(keys.limits(q) for q in queues))
 
 
+@dataclass(frozen=True)
+class Use:
+    """One limit's use now: tasks holding a place, tasks parked for one, and for a keyed limit
+    how many key values have state (``capped``: more than the cap, the figures count those
+    read)."""
+
+    running: int = 0
+    waiting: int = 0
+    keys: int = 0
+    capped: bool = False
+
+
+async def read_use(
+    redis: Redis, defs: Mapping[str, LimitDef], cap: int = KEYED_CAP
+) -> dict[str, Use]:
+    """The use of each limit of ``defs`` (limit name -> definition): one pipelined round trip
+    of ZCARDs, after one bounded SCAN of each keyed limit's key values (in the cluster layout
+    on the node of its queue only). The one reader of limit use: the read model of
+    ``dtq.admin.limits`` and the gauges both use it."""
+    counted: dict[str, list[str]] = {}  # name -> the zsets to count
+    keyed: dict[str, tuple[int, bool]] = {}  # name -> (key values with state, capped)
+    for name, d in defs.items():
+        prefix = keys.limit_state(d.queue, name)
+        if d.key is None:
+            counted[name] = [prefix + _RUNNING, prefix + _WAITING]
+        else:
+            counted[name], n_keys, capped = await _keyed_state(redis, prefix + "=", d.queue, cap)
+            keyed[name] = (n_keys, capped)
+    pipe = redis.pipeline(transaction=False)
+    for zsets in counted.values():
+        for zset in zsets:
+            pipe.zcard(zset)
+    replies: list[Any] = await pipe.execute(raise_on_error=False) if len(pipe) else []
+    out: dict[str, Use] = {}
+    at = 0
+    for name, zsets in counted.items():
+        running = waiting = 0
+        for zset, n in zip(zsets, replies[at : at + len(zsets)], strict=True):
+            if isinstance(n, ResponseError):  # not a zset (not dtq's): counts nothing
+                continue
+            if isinstance(n, Exception):
+                raise n  # no answer is no figure
+            if zset.endswith(_RUNNING):
+                running += int(n)
+            else:
+                waiting += int(n)
+        at += len(zsets)
+        n_keys, capped = keyed.get(name, (0, False))
+        out[name] = Use(running, waiting, n_keys, capped)
+    return out
+
+
+async def _keyed_state(
+    redis: Redis, base: str, queue: str, cap: int
+) -> tuple[list[str], int, bool]:
+    """A keyed limit's state keys ``<base><value>:<running|waiting|rate>`` ("=" ends ``base``
+    and is in no limit name, so no other limit's state matches): its zsets to count, how many
+    key values have state, and whether the scan stopped at ``cap`` keys."""
+    where: dict[str, Any] = {}
+    if isinstance(redis, RedisCluster):  # the state is in its queue's slot: one node's
+        where["target_nodes"] = redis.get_node_from_key(keys.limits(queue))
+    zsets: list[str] = []
+    values: set[str] = set()
+    seen = 0
+    async for key in redis.scan_iter(match=base + "*", count=SCAN_COUNT, **where):
+        k = key.decode() if isinstance(key, bytes) else str(key)
+        suffix = next((x for x in _SUFFIXES if k.endswith(x)), None)
+        if suffix is None:
+            continue
+        seen += 1
+        values.add(k[len(base) : -len(suffix)])
+        if suffix != _RATE:
+            zsets.append(k)
+        if seen >= cap:
+            return zsets, len(values), True
+    return zsets, len(values), False
+
+
 class LimitUseReader:
     """Reads the use of the limits whose definitions a scrape found (:meth:`read`)."""
 
@@ -58,71 +145,25 @@ class LimitUseReader:
 
     async def read(self, redis: Redis, raw: Mapping[str, str]) -> list[LimitUse]:
         """The use of every valid definition in ``raw`` (limit name -> its JSON, as the
-        definition hashes hold it): one pipelined round trip for the limits without a key,
-        plus the SCAN of each keyed limit's key values. An invalid definition is left out
-        (the workers log it and do not apply it)."""
+        definition hashes hold it). An invalid definition is left out (the workers log it and
+        do not apply it)."""
         defs = _parse(raw)
         if not defs:
             return []
-        prefixes = {name: keys.limit_state(d.queue, name) for name, d in defs.items()}
-        counted: dict[str, list[str]] = {}  # name -> the zsets to count
-        for name, d in defs.items():
-            if d.key is None:
-                counted[name] = [prefixes[name] + _RUNNING, prefixes[name] + _WAITING]
-            else:
-                counted[name] = await self._keyed_zsets(redis, name, d.queue, prefixes)
-        pipe = redis.pipeline(transaction=False)
-        for zsets in counted.values():
-            for zset in zsets:
-                pipe.zcard(zset)
-        replies: list[Any] = await pipe.execute(raise_on_error=False) if len(pipe) else []
         out: list[LimitUse] = []
-        at = 0
-        for name, zsets in counted.items():
-            running = waiting = 0
-            for zset, n in zip(zsets, replies[at : at + len(zsets)], strict=True):
-                if isinstance(n, ResponseError):  # not a zset (not dtq's): counts nothing
-                    continue
-                if isinstance(n, Exception):
-                    raise n  # no answer is no figure
-                if zset.endswith(_RUNNING):
-                    running += int(n)
-                else:
-                    waiting += int(n)
-            at += len(zsets)
+        for name, use in (await read_use(redis, defs, self.keyed_cap)).items():
+            if use.capped and name not in self._warned:
+                self._warned.add(name)
+                log.warning(
+                    "metrics: limit %s has %d or more key states: dtq_limit_running and "
+                    "dtq_limit_waiting count the first %d found",
+                    name,
+                    self.keyed_cap,
+                    self.keyed_cap,
+                )
             d = defs[name]
-            out.append(LimitUse(d.queue, d.task_type or "", name, running, waiting))
+            out.append(LimitUse(d.queue, d.task_type or "", name, use.running, use.waiting))
         return out
-
-    async def _keyed_zsets(
-        self, redis: Redis, name: str, queue: str, prefixes: Mapping[str, str]
-    ) -> list[str]:
-        """The ``:running`` and ``:waiting`` zsets of a keyed limit's key values (at most
-        :attr:`keyed_cap`): ``<prefix>=<value>:...`` ("=" is in no limit name, so no other
-        limit's state matches)."""
-        match = prefixes[name] + "="
-        found: list[str] = []
-        where: dict[str, Any] = {}
-        if isinstance(redis, RedisCluster):  # the state is in its queue's slot: one node's
-            where["target_nodes"] = redis.get_node_from_key(keys.limits(queue))
-        scan = redis.scan_iter(match=match + "*", count=SCAN_COUNT, _type="zset", **where)
-        async for key in scan:
-            k = key.decode() if isinstance(key, bytes) else str(key)
-            if not k.endswith((_RUNNING, _WAITING)):
-                continue
-            found.append(k)
-            if len(found) >= self.keyed_cap:
-                if name not in self._warned:
-                    self._warned.add(name)
-                    log.warning(
-                        "metrics: limit %s has %d or more key states: dtq_limit_running and "
-                        "dtq_limit_waiting count the first %d found",
-                        name,
-                        self.keyed_cap,
-                        self.keyed_cap,
-                    )
-                break
-        return found
 
 
 def _parse(raw: Mapping[str, str]) -> dict[str, LimitDef]:
