@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from dtq.devserver import free_port
+from support.api import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,19 +24,6 @@ def _env(redis_url: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_")}
     env.update({"DTQ_REDIS_URL": redis_url, "DTQ_TASK_MODULES": "", "DTQ_LOG_LEVEL": "INFO"})
     return env
-
-
-def _wait_healthy(proc: subprocess.Popen[bytes], base: str) -> None:
-    deadline = time.monotonic() + 20
-    while True:
-        assert proc.poll() is None, f"the API exited with {proc.returncode}"
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the API did not answer within 20 s"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -51,7 +38,7 @@ def stop_later() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 def _exercise(proc: subprocess.Popen[bytes], port: int, sig: signal.Signals) -> None:
     base = f"http://127.0.0.1:{port}"
-    _wait_healthy(proc, base)
+    wait_healthy(proc, base)
     assert httpx.get(f"{base}/ready", timeout=5).status_code == 200
     resp = httpx.post(f"{base}/api/v1/tasks", json={"task_type": "any_type"}, timeout=5)
     assert resp.status_code == 202, resp.text

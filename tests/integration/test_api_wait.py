@@ -27,7 +27,15 @@ from dtq.devserver import free_port
 from dtq.events import TERMINAL_EVENTS
 from dtq.models import TERMINAL
 from support import running_worker, wait_until
-from support.api import API_KEY, Api, ApiServer, api_server, api_settings, error_of
+from support.api import (
+    API_KEY,
+    Api,
+    ApiServer,
+    api_server,
+    api_settings,
+    error_of,
+    wait_healthy,
+)
 from support.cli import MISSING_ID
 
 pytestmark = pytest.mark.backends("single", "cluster")
@@ -419,16 +427,7 @@ def api_process(redis_url: str, backend: str) -> Iterator[tuple[subprocess.Popen
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert proc.poll() is None, f"dtq api exited with {proc.returncode}"
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "dtq api did not answer within 20 s"
-            time.sleep(0.05)
+        wait_healthy(proc, base)
         yield proc, base
     finally:
         if proc.poll() is None:

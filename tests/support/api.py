@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -156,3 +157,17 @@ async def recv_until(
         while not done(events):
             events.append(json.loads(await ws.recv()))
     return events
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], base: str, timeout_s: float = 20) -> None:
+    """Wait until an API process at ``base`` answers ``/health`` with 200 (it must not exit)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, f"the API exited with {proc.returncode}"
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"the API did not answer within {timeout_s:g} s"
+        time.sleep(0.05)
