@@ -36,6 +36,7 @@ from dtq.models import SubmitRequest
 from dtq.scripts import Call, Scripts, WaitError
 
 __all__ = [
+    "FAIR_WINDOW",
     "RECENT_CAP",
     "SUBMIT_CHUNK",
     "Audit",
@@ -45,6 +46,7 @@ __all__ = [
     "DlqReply",
     "Entry",
     "ExpireReply",
+    "FairMoved",
     "FinishReply",
     "FireCandidate",
     "FireDecision",
@@ -72,6 +74,7 @@ __all__ = [
     "drop_consumers",
     "expire",
     "expire_sweep",
+    "fair_move",
     "finish_call",
     "finish_many",
     "fire",
@@ -180,17 +183,17 @@ class SubmitReply:
     detail: str = ""
 
 
-def _queue_streams(queue: str) -> list[str]:
-    """The ten stream keys of a queue (a submit call passes all ten in KEYS), built once per
-    layout: a process that switches layouts (the tests, the benchmarks) must not get the other
-    layout's names."""
-    return _layout_streams(queue, keys.cluster_layout())
+def _queue_block(queue: str) -> list[str]:
+    """A queue's keys in a submit call: its ten streams, then its three fairness keys, built
+    once per layout: a process that switches layouts (the tests, the benchmarks) must not get
+    the other layout's names."""
+    return _layout_block(queue, keys.cluster_layout())
 
 
 @functools.lru_cache(maxsize=4096)
-def _layout_streams(queue: str, cluster: bool) -> list[str]:
-    """:func:`_queue_streams`, cached by queue and layout (``cluster`` is the cache's key)."""
-    return keys.queue_streams(queue)
+def _layout_block(queue: str, cluster: bool) -> list[str]:
+    """:func:`_queue_block`, cached by queue and layout (``cluster`` is the cache's key)."""
+    return [*keys.queue_streams(queue), *keys.fair_keys(queue)]
 
 
 def submit_calls(
@@ -268,7 +271,7 @@ def _submit_call(reqs: Sequence[SubmitRequest], ids: Sequence[str], s: Settings)
         )
     args[5] = len(queues)
     args.append(_flag(s.submit_min_replicas > 0))  # a replay writes for the WAIT to count
-    stream_keys = [k for queue in queues for k in _queue_streams(queue)]
+    stream_keys = [k for queue in queues for k in _queue_block(queue)]
     task_keys += [keys.queue_last_submit(queue) for queue in queues]  # KEYS[T + 3n + q]
     if not keys.cluster_layout():  # a cluster batch is one queue's, registered apart
         task_keys.append(keys.QUEUES)
@@ -961,8 +964,12 @@ def _expire_call(
             argv += [task_id, new_id(), 4]
         else:
             queue, priority, idem = where
-            key_list += [keys.stream(queue, priority), keys.idempotency(queue, idem)]
-            argv += [task_id, new_id(), 6]
+            key_list += [
+                keys.stream(queue, priority),
+                keys.idempotency(queue, idem),
+                keys.fair_held(queue),
+            ]
+            argv += [task_id, new_id(), 7]
     return ("expire", key_list, argv)
 
 
@@ -1046,6 +1053,7 @@ async def cancel(
             keys.audit(queue),
             keys.payload(task_id),
             keys.done(task_id),
+            keys.fair_held(queue),
         ],
         [
             task_id,
@@ -1234,6 +1242,7 @@ async def purge_queue(
         keys.cancelled(queue),
         keys.audit(queue),
         *keys.queue_streams(queue),
+        keys.fair_held(queue),
     ]
     args: list[Any] = [queue, s.task_retention_s, s.idem_ttl_s, keys.events(queue), *_audit(audit)]
     for c in candidates:
@@ -1319,6 +1328,7 @@ async def remove_queue(
                     if keys.cluster_layout()
                     else (keys.QUEUES,)
                 ),
+                keys.fair_held(queue),
             ],
             [
                 queue,
@@ -1482,7 +1492,7 @@ def fire_call(f: Firing, s: Settings, history_cap: int, poll_ms: int) -> Call:
             keys.retry_schedule(q),
             keys.recent(q),
             keys.expiry(q),
-            *_queue_streams(q),
+            *_queue_block(q),
             keys.queue_last_submit(q),
             *(() if keys.cluster_layout() else (keys.QUEUES,)),
         ]
@@ -1661,7 +1671,12 @@ async def limit_put(
         await db.scripts.call(
             db.redis,
             "limit_put",
-            [keys.limits(queue), keys.audit(queue), *((keys.QUEUES,) if flat else ())],
+            [
+                keys.limits(queue),
+                keys.audit(queue),
+                keys.fair(queue),
+                *((keys.QUEUES,) if flat else ()),
+            ],
             [name, queue, definition, keys.events(queue), new_id(), *_audit(audit)],
         )
     )
@@ -1674,7 +1689,40 @@ async def limit_delete(db: Backend, name: str, queue: str, audit: Audit | None) 
         await db.scripts.call(
             db.redis,
             "limit_delete",
-            [keys.limits(queue), keys.audit(queue)],
+            [keys.limits(queue), keys.audit(queue), keys.fair(queue)],
             [name, queue, keys.events(queue), new_id(), *_audit(audit)],
         )
     )
+
+
+# -- fair_move.lua ------------------------------------------------------------------------------
+
+FAIR_WINDOW = 64  # _lib.lua's: the unread entries a fair queue keeps in its streams at most
+
+
+@dataclass(frozen=True, slots=True)
+class FairMoved:
+    """One :func:`fair_move`: how many tasks went into the streams, how many are still held,
+    and whether the held zset's head changed under the call (read it again)."""
+
+    moved: int
+    held: int
+    stale: bool
+
+
+async def fair_move(db: Backend, queue: str) -> FairMoved:
+    """Read the first ``FAIR_WINDOW`` held tasks of ``queue`` (one ZRANGE), then fair_move.lua
+    with them: it moves each that is still next in turn while the streams have room."""
+    ids = [str(t) for t in await db.redis.zrange(keys.fair_held(queue), 0, FAIR_WINDOW - 1)]
+    if not ids:
+        return FairMoved(0, 0, False)
+    task_keys: list[str] = []
+    for task_id in ids:
+        task_keys += (keys.task(task_id), keys.payload(task_id))
+    moved, held, stale = await db.scripts.call(
+        db.redis,
+        "fair_move",
+        [*keys.fair_keys(queue), *_queue_block(queue)[:10], *task_keys],
+        ids,
+    )
+    return FairMoved(int(moved), int(held), bool(int(stale)))

@@ -323,6 +323,31 @@ def limit_state(queue: str, name: str, key_value: str = "") -> str:
     return base + "=" + key_value if key_value else base
 
 
+def fair(queue: str) -> str:
+    """The queue's fairness state (a hash, docs/limits.md "Fairness across keys"): ``key``, the
+    payload path its tasks are served round-robin by (set and removed with the queue's keyed
+    limits; absent: the queue is served in plain priority order), and ``r0`` .. ``r9``, the
+    round last served in each priority band (band 0 = p9). In its queue's slot."""
+    return _q(queue) + "fair" if _CLUSTER else f"dtq:fair:{queue}"
+
+
+def fair_held(queue: str) -> str:
+    """The tasks of a fair queue held back from its streams (a zset of task ids, scored
+    ``band * 2**44 + round``): the lowest score goes into its stream first."""
+    return fair(queue) + ":held"
+
+
+def fair_rounds(queue: str) -> str:
+    """The last round given to each key value of a fair queue, per band (a zset: member
+    ``<band>:<key value>``, scored like :func:`fair_held`); a round already served is removed."""
+    return fair(queue) + ":rounds"
+
+
+def fair_keys(queue: str) -> list[str]:
+    """The three fairness keys of a queue, in the order the scripts take them."""
+    return [fair(queue), fair_held(queue), fair_rounds(queue)]
+
+
 # -- a task's keys ------------------------------------------------------------------------------
 
 

@@ -6,7 +6,8 @@ malformed entry (a field that cannot be read takes a neutral default). Two rules
 once, for every reader (the admin reads, the API's gauges, the scheduler leader):
 
 - a queue's **depth and pending** (:func:`queue_depth`): the sums of ``XLEN`` and ``XPENDING``
-  over its ten streams, read by :func:`read_depth`;
+  over its ten streams, plus the tasks a fair queue holds back from them (docs/limits.md), read
+  by :func:`read_depth`;
 - a worker's **liveness** (:func:`worker_liveness`): stale past :data:`STALE_HEARTBEATS`
   heartbeat intervals or when its hash is gone; alive when not stale and not stopped; a worker
   that has not written its first heartbeat yet is alive (its hash has a TTL of its own).
@@ -49,7 +50,7 @@ STALE_HEARTBEATS = 3
 LIVENESS_FIELDS = ("last_heartbeat_ms", "last_heartbeat", "status")
 """The worker hash fields :func:`worker_liveness` reads (``HMGET`` them, or pass the whole hash)."""
 
-DEPTH_READS = 2 * len(keys.PRIORITIES)
+DEPTH_READS = 2 * len(keys.PRIORITIES) + 1
 """Replies :func:`read_depth` adds to a pipeline for one queue."""
 
 
@@ -72,16 +73,19 @@ def _json_field(value: str | None) -> Any:
 
 
 def read_depth(pipe: Any, queue: str) -> None:
-    """Add ``XLEN`` and ``XPENDING`` of each of ``queue``'s streams to ``pipe`` (a pipeline run
-    with ``raise_on_error=False``): :data:`DEPTH_READS` replies for :func:`queue_depth`."""
+    """Add ``XLEN`` and ``XPENDING`` of each of ``queue``'s streams, then the ``ZCARD`` of its
+    held tasks, to ``pipe`` (a pipeline run with ``raise_on_error=False``): :data:`DEPTH_READS`
+    replies for :func:`queue_depth`."""
     for stream in keys.queue_streams(queue):
         pipe.xlen(stream)
         pipe.xpending(stream, keys.CONSUMER_GROUP)
+    pipe.zcard(keys.fair_held(queue))
 
 
 def queue_depth(replies: Sequence[Any]) -> tuple[int, int]:
     """(depth, pending) of one queue from the replies of :func:`read_depth`: the entries in its
-    streams (waiting + in flight, DESIGN 3) and those delivered and not acknowledged. A stream
+    streams (waiting + in flight, DESIGN 3) plus the tasks held back by fairness (waiting too),
+    and those delivered and not acknowledged. A stream
     or group that does not exist yet answers an error: it counts 0. A reply that says the read
     did not happen (a lost connection, a cluster answering CLUSTERDOWN or TRYAGAIN during a
     failover) is raised: a queue is never reported empty for want of an answer."""
@@ -90,9 +94,10 @@ def queue_depth(replies: Sequence[Any]) -> tuple[int, int]:
             isinstance(reply, Exception) and not isinstance(reply, ResponseError)
         ):
             raise reply
-    depth = sum(int(n) for n in replies[0::2] if not isinstance(n, Exception))
+    streams = replies[: 2 * len(keys.PRIORITIES)]
+    depth = sum(int(n) for n in (*streams[0::2], replies[-1]) if not isinstance(n, Exception))
     pending = 0
-    for reply in replies[1::2]:
+    for reply in streams[1::2]:
         if reply and not isinstance(reply, Exception):
             pending += int(reply["pending"])
     return depth, pending

@@ -5,7 +5,11 @@ side-effect log (each execution's start and end, wall clock, in a Redis list):
   while one worker is SIGKILLed in the middle; its places are free again once the reaper has
   redelivered its tasks, and every task succeeds;
 - ``rate="50/s"`` over three workers of concurrency 16: the completions of a 20 s window stay
-  within 10 % of 50 a second.
+  within 10 % of 50 a second;
+- fairness across keys: 10,000 tasks of key A queued before 10 of key B, three workers of
+  concurrency 16: each B task starts within one round (the start order of the log: at most the
+  window, its rounds and the three workers' slots of A tasks before it), never behind A's
+  backlog.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from dtq import Queue, TaskStatus, keys
+from dtq import Queue, TaskStatus, connect, keys
+from dtq.calls import FAIR_WINDOW
+from dtq.config import Settings
 from dtq.limits import LimitDef
 from support import wait_until
 from support.worker import WorkerProcess, wait_worker_ready
@@ -50,7 +56,7 @@ async def _log(what, ctx):
 
 @task("lim_work")
 async def lim_work(payload, ctx):
-    await _log("start", ctx)
+    await _log("start:" + str(payload.get("tenant", "")), ctx)
     await asyncio.sleep(float(payload.get("s", 0)))
     await _log("end", ctx)
     return ctx.attempt
@@ -151,3 +157,32 @@ async def test_a_rate_holds_over_three_workers(
     t0 = ends[0] + 2  # past the start-up
     in_window = [t for t in ends if t0 <= t < t0 + 20]
     assert 900 <= len(in_window) <= 1100, len(in_window) / 20  # 50/s within 10 %
+
+
+async def test_a_new_key_is_served_within_one_round_over_three_workers(
+    tmp_path: Path, redis_url: str, settings: Settings, r: Redis
+) -> None:
+    queue = await connect(settings=Settings(**{**settings.model_dump(), "max_queue_depth": 20_000}))
+    await queue.put_limit("per-tenant", key="payload.tenant", concurrency=100_000)
+    items = [{"task_type": "lim_work", "payload": {"tenant": "a"}}] * 10_000
+    items += [{"task_type": "lim_work", "payload": {"tenant": "b"}}] * 10
+    procs = []
+    try:
+        ids = [t.task_id for t in await queue.submit_many(items) if not isinstance(t, Exception)]
+        assert len(ids) == 10_010
+        procs = workers(tmp_path, redis_url, 3, 16)
+        ended = await queue.wait_many(ids, timeout=240)
+    finally:
+        for p in procs:
+            p.stop()
+        await queue.close()
+    assert all(t.status == TaskStatus.SUCCEEDED for t in ended)
+    before, a = [], 0
+    for e in await read_log(r):
+        if e["what"] == "start:a":
+            a += 1
+        elif e["what"] == "start:b":
+            before.append(a)
+    assert len(before) == 10
+    for j, n in enumerate(before):
+        assert n <= FAIR_WINDOW + j + 1 + 3 * 16, before

@@ -49,8 +49,14 @@ def test_the_iso_heartbeat_counts_when_the_ms_field_is_missing() -> None:
 
 def test_depth_and_pending_sum_the_streams_and_count_missing_ones_as_zero() -> None:
     missing = ResponseError("NOGROUP No such key or consumer group")  # what redis-py gives
-    replies = [3, {"pending": 1}, 0, missing, 5, {"pending": 2}, 0, None]
-    assert queue_depth(replies) == (8, 3)
+    streams = [3, {"pending": 1}, 0, missing, 5, {"pending": 2}, 0, None] + [0, None] * 6
+    assert queue_depth([*streams, 0]) == (8, 3)
+    assert queue_depth([*streams, 4]) == (12, 3)  # the tasks a fair queue holds are waiting too
+
+
+def _replies(*first: object, held: object = 0) -> list[object]:
+    """read_depth's replies: ``first`` for the first streams, the others empty, then ZCARD."""
+    return [*first, *[0, None] * (10 - len(first) // 2), held]
 
 
 def test_a_queue_is_never_empty_for_want_of_an_answer() -> None:
@@ -61,11 +67,11 @@ def test_a_queue_is_never_empty_for_want_of_an_answer() -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     nogroup = ResponseError("NOGROUP No such key 'dtq:stream:q:p9' or consumer group")
-    assert queue_depth([3, {"pending": 1}, 0, nogroup]) == (3, 1)
+    assert queue_depth(_replies(3, {"pending": 1}, 0, nogroup)) == (3, 1)
     for missing in (
         ClusterDownError("CLUSTERDOWN"),
         TryAgainError("TRYAGAIN"),
         RedisConnectionError(),
     ):
         with pytest.raises(type(missing)):
-            queue_depth([3, {"pending": 1}, missing, nogroup])
+            queue_depth(_replies(3, {"pending": 1}, missing, nogroup))

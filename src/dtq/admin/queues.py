@@ -75,8 +75,10 @@ class _Purge:
         return reply.stale
 
     async def scheduled(self) -> None:
-        """Delayed and retrying members (and those the scheduler is promoting right now)."""
-        for zkey in (keys.retry_schedule(self.queue), keys.retry_claimed(self.queue)):
+        """Delayed and retrying members (and those the scheduler is promoting right now), then
+        the tasks a fair queue holds back from its streams (docs/limits.md)."""
+        q = self.queue
+        for zkey in (keys.retry_schedule(q), keys.retry_claimed(q), keys.fair_held(q)):
             batch: list[_Candidate] = []
             async for member, _ in self.store.redis.zscan_iter(zkey, count=SCAN_CHUNK):
                 batch.append((member, "", ""))
@@ -110,9 +112,10 @@ class _Purge:
 async def purge_queue(store: Store, queue: str, *, audit: Audit | None = None) -> int:
     """Cancel every task of ``queue`` that has not started; returns how many were cancelled.
 
-    Schedule members first, then stream entries (a task promoted meanwhile is then found in its
-    stream). Hashes become CANCELLED with ``metadata.purged = true``; running tasks are left
-    alone; one audit entry ``purge`` for the whole operation.
+    Schedule members first, then the tasks a fair queue holds, then stream entries (a task
+    promoted or moved meanwhile is then found in its stream). Hashes become CANCELLED with
+    ``metadata.purged = true``; running tasks are left alone; one audit entry ``purge`` for the
+    whole operation.
     """
     check_queue(queue)
     purge = _Purge(store, queue, audit)

@@ -99,7 +99,7 @@ end
 -- that consumer's start script, or the reaper's, sees the terminal status and XACKs + XDELs it.
 -- Returns true when the entry is gone, false when it was left for its consumer.
 local function drop_entry(stream, group, entry_id)
-  if entry_id == nil or entry_id == '' then return true end
+  if not entry_id or entry_id == '' then return true end
   if redis.call('EXISTS', stream) == 0 then return true end
   local p = redis.call('XPENDING', stream, group, entry_id, entry_id, 1)
   if #p > 0 then return false end
@@ -201,4 +201,71 @@ end
 -- is there, which dtq never leaves; it is what a read of such a task shows too.
 local function task_payload(hash_key, old_payload_key)
   return redis.call('HGET', hash_key, 'payload') or redis.call('GET', old_payload_key) or '{}'
+end
+
+-- Fairness across keys (docs/limits.md, "Fairness across keys"). A fair queue keeps at most
+-- FAIR_WINDOW entries unread in its streams; the others are held in its held zset, each scored
+-- band * FAIR_BAND + round, where a task's round is its key's next one in its band and never a
+-- round already served: a key new to the queue is served in the current round. The lowest
+-- score goes into its stream first, so the bands keep their strict order and, within a band,
+-- the keys take turns.
+local FAIR_WINDOW = 64
+local FAIR_BAND = 1099511627776  -- 2^40 rounds per band: scores stay exact integers
+
+-- A task's key value under the queue's fairness path ("payload.a.b"): as dtq.limits.key_value,
+-- a string as it is, another JSON value as compact JSON, "_none" when the payload has none
+-- there; a longer value than 128 bytes is cut and suffixed with its hash.
+local function fair_value(payload, path)
+  local ok, v = pcall(cjson.decode, payload)
+  if not ok then return '_none' end
+  for name in string.gmatch(string.sub(path, 9), '[^.]+') do
+    if type(v) ~= 'table' or v[name] == nil then return '_none' end
+    v = v[name]
+  end
+  if type(v) ~= 'string' then v = cjson.encode(v) end
+  if v == '' then return '_none' end
+  if #v > 128 then v = string.sub(v, 1, 111) .. '~' .. string.sub(redis.sha1hex(v), 1, 16) end
+  return v
+end
+
+-- How many entries of a queue's streams (keys[first] .. keys[first + 9]) no consumer has read:
+-- each stream's length less its pending entries.
+local function fair_unread(keys, first)
+  local n = 0
+  for k = first, first + 9 do
+    local len = redis.call('XLEN', keys[k])
+    if len > 0 then
+      local p = redis.pcall('XPENDING', keys[k], 'workers')
+      if type(p) == 'table' and p.err == nil then len = len - p[1] end
+      if len > 0 then n = n + len end
+    end
+  end
+  return n
+end
+
+-- Hold one task of a fair queue (its hash written with the caller's fields).
+local function fair_hold(kfair, kheld, krounds, task_id, band, value)
+  local base = band * FAIR_BAND
+  local round = tonumber(redis.call('HGET', kfair, 'r' .. band)) or 0
+  local member = band .. ':' .. value
+  local last = tonumber(redis.call('ZSCORE', krounds, member))
+  if last and last - base + 1 > round then round = last - base + 1 end
+  local score = string.format('%.0f', base + round)
+  redis.call('ZADD', krounds, score, member)
+  redis.call('ZADD', kheld, score, task_id)
+end
+
+-- Set or clear a queue's fairness path from its keyed limits (limit_put, limit_delete): the
+-- key of the first of them by name; none: the queue is served in plain priority order.
+local function fair_config(klimits, kfair, queue)
+  local all = redis.call('HGETALL', klimits)
+  local best, path = nil, nil
+  for i = 1, #all, 2 do
+    local ok, d = pcall(cjson.decode, all[i + 1])
+    if ok and type(d) == 'table' and (d.queue or 'default') == queue
+        and type(d.key) == 'string' and (best == nil or all[i] < best) then
+      best, path = all[i], d.key
+    end
+  end
+  if path then redis.call('HSET', kfair, 'key', path) else redis.call('HDEL', kfair, 'key') end
 end

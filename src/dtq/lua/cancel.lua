@@ -10,6 +10,7 @@
 -- KEYS[9] = dtq:stream:audit
 -- KEYS[10] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- KEYS[11] = dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
+-- KEYS[12] = the queue's held zset (a task held by fairness leaves it: docs/limits.md)
 -- ARGV[1] task_id  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] event_id  [6] reason (e.g. "cancel", "purge")
 -- ARGV[7] audit actor ("" = no audit entry)  [8] audit request_id or ""
@@ -45,8 +46,9 @@ retain(KEYS[1], KEYS[10], retention, KEYS[11])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
-if status == 'queued' and not drop_entry(KEYS[6], 'workers', h[2]) then
-  redis.call('SADD', KEYS[7], ARGV[1])
+if status == 'queued' then
+  if not drop_entry(KEYS[6], 'workers', h[2]) then redis.call('SADD', KEYS[7], ARGV[1]) end
+  redis.call('ZREM', KEYS[12], ARGV[1])
 end
 idem_state(KEYS[8], h[6], ARGV[1], 'failed', ts, ARGV[3])
 hist(KEYS[2], retention, ts, status, 'cancelled', h[5], nil, ARGV[6])

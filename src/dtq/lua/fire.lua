@@ -14,8 +14,9 @@
 -- KEYS[4] = the hash of the task of its last firing (placeholder when none)
 -- KEYS[5] = the audit stream (a manual firing with an actor writes an entry)
 -- KEYS[6 ..] = a submit.lua call's KEYS for the candidates' tasks, all of the schedule's queue:
---   KEYS[6 .. 18] the 3 shared keys and the queue's 10 streams, KEYS[19 + 3i .. 21 + 3i] the
---   keys of candidate i, KEYS[19 + 3n] the queue's last_submit, KEYS[20 + 3n] dtq:queues (flat
+--   KEYS[6 .. 21] the 3 shared keys, the queue's 10 streams and its 3 fairness keys,
+--   KEYS[22 + 3i .. 24 + 3i] the keys of candidate i, KEYS[22 + 3n] the queue's last_submit,
+--   KEYS[23 + 3n] dtq:queues (flat
 --   layout only)
 -- ARGV[1] name   [2] the rev the caller read   [3] mode: "tick" (the firer) | "trigger" (manual)
 -- ARGV[4] the cursor after the planned ticks ("" = no tick left: the schedule ended; tick mode)
@@ -78,10 +79,10 @@ end
 -- Candidate i's task through submit.lua's code: its keys and ARGV as a one-task submit call.
 local function submit_candidate(i)
   local k, a = {}, {}
-  for j = 6, 18 do k[#k + 1] = KEYS[j] end
-  for j = 0, 2 do k[#k + 1] = KEYS[19 + 3 * i + j] end
-  k[#k + 1] = KEYS[19 + 3 * n]
-  if KEYS[20 + 3 * n] then k[#k + 1] = KEYS[20 + 3 * n] end
+  for j = 6, 21 do k[#k + 1] = KEYS[j] end
+  for j = 0, 2 do k[#k + 1] = KEYS[22 + 3 * i + j] end
+  k[#k + 1] = KEYS[22 + 3 * n]
+  if KEYS[23 + 3 * n] then k[#k + 1] = KEYS[23 + 3 * n] end
   for j = 0, 5 do a[#a + 1] = ARGV[sub + j] end
   local t = sub + 6 + 15 * i
   for j = 0, 14 do a[#a + 1] = ARGV[t + j] end

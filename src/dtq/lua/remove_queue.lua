@@ -28,6 +28,9 @@
 --   "schedules": the firer finds a queue's schedules through dtq:queues; docs/schedules.md)
 -- KEYS[18], cluster layout only: the queue's limits hash, which must be empty too (busy
 --   "limits": a limit is found by its name through dtq:queues; docs/limits.md)
+-- KEYS[#KEYS] (13 flat, 19 cluster) = the queue's held zset, which must be empty (busy
+--   "waiting": tasks a fair queue holds back from its streams; docs/limits.md). The fairness
+--   hash stays: it follows the queue's limits, which outlive its name in the flat layout.
 -- ARGV[1] queue  [2] idle TTL ms  [3] consumer group  [4] "check" | "remove"
 -- ARGV[5] the mark the check returned ("remove" only)
 -- Returns {"idle", mark} (check) | {"removed"} (remove) | {"busy", why}, why one of: default,
@@ -47,7 +50,8 @@ local function last_id(stream)
   return nil
 end
 
-if #KEYS == 18 then
+if redis.call('ZCARD', KEYS[#KEYS]) > 0 then return {'busy', 'waiting'} end
+if #KEYS == 19 then
   if redis.call('ZCARD', KEYS[17]) > 0 then return {'busy', 'schedules'} end
   if redis.call('HLEN', KEYS[18]) > 0 then return {'busy', 'limits'} end
   for k = 12, 14 do
@@ -80,5 +84,5 @@ if mode == 'check' then return {'idle', mark} end
 if mark ~= ARGV[5] then return {'busy', 'changed'} end
 if #present > 0 then redis.call('DEL', unpack(present)) end
 redis.call('DEL', KEYS[1])
-if #KEYS == 12 then redis.call('SREM', KEYS[12], queue) end
+if #KEYS == 13 then redis.call('SREM', KEYS[12], queue) end
 return {'removed'}

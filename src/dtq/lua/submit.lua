@@ -7,9 +7,10 @@
 -- is that task's reply, and the others go on (as separate script calls would).
 --
 -- KEYS[1] = dtq:retry:schedule   KEYS[2] = dtq:tasks:recent   KEYS[3] = dtq:expiry
--- KEYS[4 + 10q .. 13 + 10q] = dtq:stream:<queue q>:p9 .. p0, for each queue q = 0 .. Q-1 of the
---   batch
--- KEYS[T + 3i .. T + 2 + 3i], T = 4 + 10Q, for each task i = 0 .. n-1: dtq:task:<id>, its
+-- KEYS[4 + 13q .. 13 + 13q] = dtq:stream:<queue q>:p9 .. p0, then KEYS[14 + 13q .. 16 + 13q] =
+--   its fairness keys (keys.fair_keys: the state hash, the held zset, the rounds zset), for each
+--   queue q = 0 .. Q-1 of the batch
+-- KEYS[T + 3i .. T + 2 + 3i], T = 4 + 13Q, for each task i = 0 .. n-1: dtq:task:<id>, its
 --   :history, dtq:idempotency:<queue>:<key> (placeholder when no key)
 -- KEYS[T + 3n + q], for each queue q = 0 .. Q-1 of the batch: dtq:queue:<queue q>:last_submit
 --   (the Redis time of the queue's last accepted submit, which remove_queue.lua reads; one SET
@@ -32,8 +33,13 @@
 -- unchanged (same value, TTL kept): a write later in the replication stream than every write
 -- of the task, so the WAIT that follows confirms the task itself (docs/delivery-guarantees.md,
 -- "Replicated submits"). With "0" a replay writes nothing, as before.
--- Admission is exact: the queue's depth (XLEN of its ten streams) is read once per batch and then
--- counted up with each entry this call adds; no other command runs meanwhile (one script).
+-- Admission is exact: the queue's depth (XLEN of its ten streams, plus its held tasks) is read
+-- once per batch and then counted up with each task this call adds; no other command runs
+-- meanwhile (one script).
+-- Fairness (docs/limits.md, "Fairness across keys"): when the queue's state hash names a key
+-- path, a task to run now goes into its stream only while fewer than FAIR_WINDOW entries are
+-- unread there and none is held; otherwise it is held (QUEUED, no entry_id yet, `fair_key` its
+-- key value) in its round, and a worker's fair_move.lua moves it when its turn comes.
 -- All tasks of a batch share one Redis TIME (created_at); their recent-index scores differ
 -- by a microsecond each, in batch order.
 -- Cost (docs/performance.md): per batch, the EVALSHA, TIME and the ISO timestamp, the XLENs of
@@ -57,7 +63,7 @@ local idem_ttl = ARGV[3]
 local channel = ARGV[4]
 local publish = string.byte(channel, 5) == 123 and 'SPUBLISH' or 'PUBLISH'  -- as emit in _lib
 local nq = tonumber(ARGV[6])
-local first_task_key = 4 + 10 * nq
+local first_task_key = 4 + 13 * nq
 local n = (#ARGV - 7) / 15
 local replicated = ARGV[#ARGV] == '1'
 local registry = KEYS[first_task_key + 3 * n + nq]  -- nil in the cluster layout
@@ -74,15 +80,24 @@ local ts = iso(now)
 -- its first task), which of its streams are known to exist, and whether it is in dtq:queues.
 -- A stream with entries at that XLEN exists (nothing in this script deletes a stream); the
 -- others are learned by ensure_groups.
+-- A fair queue's path, held count and unread entries are read at its first task too.
 local depth, exists, listed = {}, {}, {}
+local fair_path, held, unread = {}, {}, {}
 
 local function queue_state(q)
   if depth[q] == nil then
-    local known, d, base = {}, 0, 4 + 10 * q
+    local known, d, base = {}, 0, 4 + 13 * q
     for band = 0, 9 do
       local x = call('XLEN', KEYS[base + band])
       if x > 0 then known[band] = true end
       d = d + x
+    end
+    local path = call('HGET', KEYS[base + 10], 'key')
+    if path then
+      fair_path[q] = path
+      held[q] = call('ZCARD', KEYS[base + 11])
+      unread[q] = fair_unread(KEYS, base)
+      d = d + held[q]
     end
     depth[q], exists[q] = d, known
   end
@@ -93,7 +108,7 @@ end
 local function ensure_groups(q, band)
   local known = exists[q]
   if known[band] then return end
-  local base = 4 + 10 * q
+  local base = 4 + 13 * q
   if call('EXISTS', KEYS[base + band]) == 0 then
     for b = 0, 9 do
       if not known[b] and call('EXISTS', KEYS[base + b]) == 0 then
@@ -151,18 +166,26 @@ local function submit_one(a, k)
     task_type .. '","attempt":0,"worker_id":null'
 
   -- The hash's fields after those every task has: expired_at (expired), entry_id (queued).
-  local entry_id, tail = '', {}
+  local entry_id, tail, hold = '', {}, nil
   if expired then
     tail = {'expired_at', ts}
   elseif not delayed then
-    -- The stream entry first, so that the hash is written once, entry id included.
     local band = 9 - tonumber(prio_s)
-    ensure_groups(q, band)
-    entry_id = call('XADD', KEYS[4 + 10 * q + band], '*', 'task_id', task_id, 'queue', queue,
-      'task_type', task_type, 'payload', payload, 'attempt', 1, 'max_attempts', max_attempts,
-      'priority', prio_s, 'timeout_ms', timeout_ms, 'idempotency_key', idem)
+    local path = fair_path[q]
+    if path and (held[q] > 0 or unread[q] >= FAIR_WINDOW) then
+      hold = fair_value(payload, path)
+      held[q] = held[q] + 1
+      tail = {'fair_key', hold}
+    else
+      -- The stream entry first, so that the hash is written once, entry id included.
+      ensure_groups(q, band)
+      entry_id = call('XADD', KEYS[4 + 13 * q + band], '*', 'task_id', task_id, 'queue', queue,
+        'task_type', task_type, 'payload', payload, 'attempt', 1, 'max_attempts', max_attempts,
+        'priority', prio_s, 'timeout_ms', timeout_ms, 'idempotency_key', idem)
+      if path then unread[q] = unread[q] + 1 end
+      tail = {'entry_id', entry_id}
+    end
     depth[q] = depth[q] + 1
-    tail = {'entry_id', entry_id}
   end
   call('HSET', khash, 'task_id', task_id, 'idempotency_key', idem, 'task_type', task_type,
     'payload', payload, 'created_at', ts, 'created_ms', now, 'available_at', avail,
@@ -199,6 +222,11 @@ local function submit_one(a, k)
     call('SET', kidem, cjson.encode({task_id = task_id, state = 'processing', updated_at = ts}))
   end
   if exp_ms then call('ZADD', KEYS[3], exp_ms, task_id) end
+  if hold then
+    local base = 4 + 13 * q
+    fair_hold(KEYS[base + 10], KEYS[base + 11], KEYS[base + 12], task_id, 9 - tonumber(prio_s),
+      hold)
+  end
   local ev = ev_head .. 'TASK_QUEUED' .. ev_tail
   if delayed then
     call('ZADD', KEYS[1], due, task_id)

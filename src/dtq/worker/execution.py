@@ -34,6 +34,7 @@ from dtq.clock import RedisClock
 from dtq.config import Settings
 from dtq.log import bind as bind_log_fields
 from dtq.store import Store
+from dtq.worker.fair import FairMover
 from dtq.worker.finish import Finisher
 from dtq.worker.handlers import Execution, Runner
 from dtq.worker.limits import LimitCache
@@ -128,6 +129,7 @@ class Executor:
             outage=outage,
         )
         self.limits = LimitCache(store, queues)  # read again every second by the worker
+        self.fair = FairMover(store, queues, lambda: self.limits.fair)  # run by the worker
         self.threads = ThreadRunner(concurrency)  # sync handlers: one thread per slot at most
         self.runner = Runner(
             worker_id=worker_id,
@@ -222,6 +224,9 @@ class Executor:
         finally:
             for entry in todo:
                 starting.discard(entry.key)
+        if self.limits.fair:
+            for queue in {entry.queue for entry in todo}:
+                self.fair.poke(queue)
         refused: Exception | None = None
         for entry, start in zip(todo, replies, strict=True):
             if isinstance(start, NOT_RUN):  # a cluster failover: kept to be started again

@@ -33,10 +33,16 @@ class LimitCache:
         self._by_queue: dict[str, list[tuple[str, LimitDef]]] = {}
         self._memo: dict[tuple[str, str], tuple[tuple[str, LimitDef], ...]] = {}
         self._refused: set[tuple[str, str]] = set()  # logged once per (name, definition)
+        self._fair: frozenset[str] = frozenset()
 
     @property
     def empty(self) -> bool:
         return not self._by_queue
+
+    @property
+    def fair(self) -> frozenset[str]:
+        """The served queues with a keyed limit: their tasks are served in turn by key."""
+        return self._fair
 
     async def refresh(self) -> None:
         """Read the definitions again (one round trip: one HGETALL per queue in the cluster
@@ -57,6 +63,9 @@ class LimitCache:
                 if defn is not None and defn.queue in served:
                     by_queue.setdefault(defn.queue, []).append((name, defn))
         self._by_queue = by_queue
+        self._fair = frozenset(
+            q for q, defs in by_queue.items() if any(d.key is not None for _, d in defs)
+        )
         self._memo = {}
 
     def _parse(self, name: str, text: str) -> LimitDef | None:

@@ -234,6 +234,7 @@ class Worker:
         intake.append(asyncio.create_task(self._supervise("reaper", self._reap), name="reaper"))
         watcher = asyncio.create_task(self._supervise("cancel", self._cancel_loop))
         intake.append(asyncio.create_task(self._supervise("limits", self._limits_loop)))
+        intake.append(asyncio.create_task(self._supervise("fair", self._fair_loop)))
         try:
             self.heartbeat.set_status("running")
             await asyncio.to_thread(self.heartbeat.publish_started)
@@ -471,6 +472,10 @@ class Worker:
             if self._stopping.is_set():
                 return  # with the intake: a stopping worker starts nothing more
             await self.execution.limits.refresh()
+
+    async def _fair_loop(self) -> None:
+        """Move the held tasks of the fair queues into their streams (docs/limits.md)."""
+        await self.execution.fair.run(self._stopping)
 
     async def _cancel_loop(self) -> None:
         while True:
