@@ -908,6 +908,7 @@ async def promote_many(
                 keys.idempotency(queue, idem),
                 keys.payload(task_id),
                 keys.done(task_id),
+                *_queue_block(queue),
             ],
             [task_id, s.task_retention_s, s.idem_ttl_s, keys.events(queue), new_id()],
         )

@@ -187,3 +187,20 @@ async def test_a_second_keyed_limit_keeps_the_first_ones_key(queue: Queue, r: Re
     assert await r.hget(keys.fair("default"), "key") == "payload.region"
     await queue.put_limit("b-limit", concurrency=5)  # no key any more
     assert await r.hget(keys.fair("default"), "key") is None
+
+
+async def test_delayed_tasks_that_come_due_join_their_keys_turn(
+    queue: Queue, settings: Settings, r: Redis
+) -> None:
+    """Promoted by the scheduler, a delayed task goes through the same turn as a submit."""
+    await fair(queue)
+    a = await submit(queue, "a", 1000, delay_seconds=1)
+    b = await submit(queue, "b", 5, delay_seconds=1)
+    order = Order()
+    async with running_worker(fast(settings), handlers(work=order.handler), concurrency=4):
+        ended = await queue.wait_many(a + b, timeout=60)
+    assert {t.status for t in ended} == {TaskStatus.SUCCEEDED}
+    before = order.a_before_each_b()
+    assert len(before) == 5
+    for j, n in enumerate(before):
+        assert n <= FAIR_WINDOW + j + 1 + 4 + 200, before  # 200: one scheduler batch, below

@@ -15,13 +15,20 @@
 -- KEYS[7] = dtq:idempotency:<queue>:<key> (placeholder when none)
 -- KEYS[8] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- KEYS[9] = dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
+-- KEYS[10 .. 19] = the queue's ten streams, p9 .. p0; KEYS[20 .. 22] = its fairness keys
+--   (keys.fair_keys). In a fair queue (docs/limits.md, "Fairness across keys") a task due
+--   goes into its stream as submit.lua would put it there: only while fewer than FAIR_WINDOW
+--   entries are unread and none is held; otherwise it is held in its key's next round (QUEUED
+--   without an entry id: the reply's entry id is ""). A task back from a throttle's park had
+--   its turn already: it goes straight into its stream.
 -- ARGV[1] task_id  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] event_id
 -- Returns {"queued", from, entry_id, attempt} | {"expired", from} | {"skip", why}
 local task_id = ARGV[1]
 if not redis.call('ZSCORE', KEYS[4], task_id) then return {'skip', 'not_claimed'} end
 local h = redis.call('HMGET', KEYS[1], 'status', 'queue', 'task_type', 'attempt',
-  'max_attempts', 'priority', 'timeout_ms', 'idempotency_key', 'expires_at_ms', 'expires_at')
+  'max_attempts', 'priority', 'timeout_ms', 'idempotency_key', 'expires_at_ms', 'expires_at',
+  'throttled_at_ms')
 local status = h[1]
 if not status then
   redis.call('ZREM', KEYS[4], task_id)
@@ -57,15 +64,28 @@ if exp and exp ~= '' and tonumber(exp) <= now then
   return {'expired', status}
 end
 
-local stream = KEYS[6]
-if redis.call('EXISTS', stream) == 0 then
-  redis.call('XGROUP', 'CREATE', stream, 'workers', '0', 'MKSTREAM')
-end
 local next_attempt = attempt + 1
-local entry_id = redis.call('XADD', stream, '*', 'task_id', task_id, 'queue', h[2],
-  'task_type', h[3], 'payload', task_payload(KEYS[1], KEYS[8]), 'attempt', next_attempt,
-  'max_attempts', h[5], 'priority', h[6], 'timeout_ms', h[7], 'idempotency_key', h[8] or '')
-redis.call('HSET', KEYS[1], 'status', 'queued', 'entry_id', entry_id, 'updated_at', ts)
+local path = not h[11] and redis.call('HGET', KEYS[20], 'key')
+local entry_id = ''
+if path and (redis.call('ZCARD', KEYS[21]) > 0 or fair_unread(KEYS, 10) >= FAIR_WINDOW) then
+  local value = fair_value(task_payload(KEYS[1], KEYS[8]), path)
+  redis.call('HDEL', KEYS[1], 'entry_id')
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'fair_key', value, 'updated_at', ts)
+  fair_hold(KEYS[20], KEYS[21], KEYS[22], task_id, 9 - (tonumber(h[6]) or 5), value)
+else
+  local stream = KEYS[6]
+  if redis.call('EXISTS', stream) == 0 then
+    for k = 10, 19 do  -- the group on every stream of the queue, as submit.lua makes them
+      if redis.call('EXISTS', KEYS[k]) == 0 then
+        redis.call('XGROUP', 'CREATE', KEYS[k], 'workers', '0', 'MKSTREAM')
+      end
+    end
+  end
+  entry_id = redis.call('XADD', stream, '*', 'task_id', task_id, 'queue', h[2],
+    'task_type', h[3], 'payload', task_payload(KEYS[1], KEYS[8]), 'attempt', next_attempt,
+    'max_attempts', h[5], 'priority', h[6], 'timeout_ms', h[7], 'idempotency_key', h[8] or '')
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'entry_id', entry_id, 'updated_at', ts)
+end
 persist(KEYS[1], KEYS[8])
 redis.call('ZREM', KEYS[3], task_id)
 redis.call('ZREM', KEYS[4], task_id)
