@@ -58,6 +58,7 @@ __all__ = [
     "history",
     "idempotency",
     "limit_state",
+    "limit_sweep",
     "limits",
     "operation",
     "payload",
@@ -321,6 +322,12 @@ def limit_state(queue: str, name: str, key_value: str = "") -> str:
     base = (_q(queue) if _CLUSTER else "dtq:") + "limit:" + name
     # "=" is in no limit name (nor task type), so a name never runs into a key value
     return base + "=" + key_value if key_value else base
+
+
+def limit_sweep(queue: str) -> str:
+    """Who sweeps the places of ``queue``'s concurrency limits now (a string with a TTL of one
+    sweep interval, ``SET NX``): one worker per queue and interval does it."""
+    return _q(queue) + "limits:sweep" if _CLUSTER else "dtq:limits:sweep:" + queue
 
 
 # -- a task's keys ------------------------------------------------------------------------------

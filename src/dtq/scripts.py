@@ -81,6 +81,7 @@ SCRIPT_NAMES = (
     "progress",
     "limit_put",
     "limit_delete",
+    "limit_sweep",
 )
 
 # Scripts that run another script's code as a local function: fire.lua makes a tick's task
