@@ -168,6 +168,7 @@ async def test_a_keyed_limits_phantom_places_are_swept_per_key_value(
     await define(r, "per-tenant", task_type="work", key="payload.tenant", concurrency=1)
     a = await phantom(r, "per-tenant", "a", status="failed")
     b_live = await phantom(r, "per-tenant", "b", status="running")
+    await r.set(running_set("per-tenant", "junk"), "not dtq's")  # not a zset: skipped
     seen: list[PlacesSwept] = []
     assert await (await sweeper(store, seen.append)).sweep() == seen
     assert [(s.limit, s.task_ids) for s in seen] == [("per-tenant", (a,))]
@@ -254,13 +255,19 @@ async def test_a_task_parked_in_a_deleted_limit_comes_back_by_itself(
         if payload.get("first"):
             await go.wait()
 
-    async with started(Worker(fast(settings), handlers=handlers(hold=hold), concurrency=4)):
+    worker = Worker(fast(settings), handlers=handlers(hold=hold), concurrency=4)
+    async with started(worker):
         first = await queue.submit("hold", {"first": True})
         await wait_until(lambda: _status_is(queue, first.task_id, "running"), 10, "it runs")
         parked_at = int(time.time() * 1000)
         second = await queue.submit("hold", {})
         await wait_until(lambda: _status_is(queue, second.task_id, "pending"), 10, "parked")
         await queue.delete_limit("solo")
+
+        async def dropped() -> bool:
+            return worker.execution.limits.empty
+
+        await wait_until(dropped, 3, "the worker dropped the limit")  # read every second
         due = await r.zscore(keys.retry_schedule("default"), second.task_id)
         assert due is not None and due <= parked_at + 30_000 + 5_000, due
         await r.zadd(keys.retry_schedule("default"), {second.task_id: 0})

@@ -16,6 +16,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from dtq import calls, keys
 from dtq.calls import Entry, LimitUse
 from dtq.limits import LimitDef, key_value
@@ -192,7 +194,9 @@ class PlaceSweeper:
         pipe = self._store.redis.pipeline(transaction=False)
         for i in todo:
             pipe.zrange(sets[i][2] + ":running", offsets[i], offsets[i] + SWEEP_PAGE - 1)
-        pages: list[list[Any]] = await pipe.execute()
+        # A key that is not a zset (not dtq's) answers an error: that set is not swept.
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        pages = [[] if isinstance(p, ResponseError) else p for p in replies]
         sent: list[int] = []
         batch: list[Call] = []
         for i, page in zip(todo, pages, strict=True):
