@@ -1683,14 +1683,17 @@ async def limit_put(
     )
 
 
-async def limit_delete(db: Backend, name: str, queue: str, audit: Audit | None) -> bool:
-    """limit_delete.lua: remove limit ``name``'s definition from ``queue``'s limits hash; False
-    when it was not there."""
+async def limit_delete(
+    db: Backend, name: str, queue: str, audit: Audit | None, state: Sequence[str] = ()
+) -> bool:
+    """limit_delete.lua: remove limit ``name``'s definition from ``queue``'s limits hash, and
+    the ``state`` keys with it (the unkeyed state: :func:`limit_state_keys`); False when it was
+    not there."""
     return bool(
         await db.scripts.call(
             db.redis,
             "limit_delete",
-            [keys.limits(queue), keys.audit(queue), keys.fair(queue)],
+            [keys.limits(queue), keys.audit(queue), keys.fair(queue), *state],
             [name, queue, keys.events(queue), new_id(), *_audit(audit)],
         )
     )
@@ -1727,3 +1730,55 @@ async def fair_move(db: Backend, queue: str) -> FairMoved:
         ids,
     )
     return FairMoved(int(moved), int(held), bool(int(stale)))
+
+
+async def limit_delete_state(
+    db: Backend, name: str, queue: str, state: Sequence[str]
+) -> int | None:
+    """limit_delete.lua's second use: delete ``state`` (state keys of a deleted limit's key
+    values, in ``queue``'s slot) unless a limit ``name`` exists again; how many it deleted,
+    None when the limit exists again (its state is the new limit's)."""
+    if not state:
+        return 0
+    n = int(
+        await db.scripts.call(
+            db.redis,
+            "limit_delete",
+            [keys.limits(queue), keys.audit(queue), keys.fair(queue), *state],
+            [name, queue, keys.events(queue), "", "", "", "state"],
+        )
+    )
+    return None if n < 0 else n
+
+
+def limit_state_keys(prefix: str) -> list[str]:
+    """The state keys of one limit (of one key value), from its prefix
+    (:func:`dtq.keys.limit_state`): ``:rate``, ``:running``, ``:waiting``."""
+    return [prefix + ":rate", prefix + ":running", prefix + ":waiting"]
+
+
+# -- limit_sweep.lua ----------------------------------------------------------------------------
+
+
+def limit_sweep_call(queue: str, prefix: str, members: Sequence[str]) -> Call:
+    """The limit_sweep.lua call for one page of ``members`` of the running set of the limit
+    state ``prefix`` (of ``queue``)."""
+    return (
+        "limit_sweep",
+        [
+            prefix + ":running",
+            prefix + ":waiting",
+            keys.retry_schedule(queue),
+            *(keys.task(m) for m in members),
+        ],
+        list(members),
+    )
+
+
+async def limit_sweep_many(db: Backend, calls: Sequence[Call]) -> list[list[str] | Exception]:
+    """limit_sweep.lua calls built by :func:`limit_sweep_call`, in one round trip: the task ids
+    whose places each removed, or its error. A lost connection is raised."""
+    return [
+        r if isinstance(r, Exception) else [str(m) for m in r]
+        for r in await db.scripts.call_many(db.redis, calls)
+    ]

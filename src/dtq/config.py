@@ -103,6 +103,9 @@ class Settings(BaseSettings):
     scheduler_interval_s: Annotated[float, Field(gt=0, le=60)] = 0.5
     reaper_interval_s: Annotated[float, Field(gt=0, le=600)] = 5.0
     claim_stale_s: Annotated[float, Field(gt=0)] = 60.0
+    # How often a concurrency limit's places are checked for tasks that no longer run
+    # (docs/limits.md, "Places that nothing holds").
+    limit_sweep_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
 
     @field_validator("redis_url")
     @classmethod

@@ -58,6 +58,7 @@ __all__ = [
     "history",
     "idempotency",
     "limit_state",
+    "limit_sweep",
     "limits",
     "operation",
     "payload",
@@ -333,7 +334,7 @@ def fair(queue: str) -> str:
 
 def fair_held(queue: str) -> str:
     """The tasks of a fair queue held back from its streams (a zset of task ids, scored
-    ``band * 2**44 + round``): the lowest score goes into its stream first."""
+    ``band * 2**40 + round``): the lowest score goes into its stream first."""
     return fair(queue) + ":held"
 
 
@@ -346,6 +347,12 @@ def fair_rounds(queue: str) -> str:
 def fair_keys(queue: str) -> list[str]:
     """The three fairness keys of a queue, in the order the scripts take them."""
     return [fair(queue), fair_held(queue), fair_rounds(queue)]
+
+
+def limit_sweep(queue: str) -> str:
+    """Who sweeps the places of ``queue``'s concurrency limits now (a string with a TTL of one
+    sweep interval, ``SET NX``): one worker per queue and interval does it."""
+    return _q(queue) + "limits:sweep" if _CLUSTER else "dtq:limits:sweep:" + queue
 
 
 # -- a task's keys ------------------------------------------------------------------------------

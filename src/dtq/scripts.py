@@ -82,6 +82,7 @@ SCRIPT_NAMES = (
     "limit_put",
     "limit_delete",
     "fair_move",
+    "limit_sweep",
 )
 
 # Scripts that run another script's code as a local function: fire.lua makes a tick's task

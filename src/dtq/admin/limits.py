@@ -23,13 +23,15 @@ from dtq import calls, keys
 from dtq.calls import Audit
 from dtq.errors import LimitNotFoundError
 from dtq.limits import LimitDef, check_limit_name
-from dtq.metrics.limit_gauges import read_use
+from dtq.metrics.limit_gauges import read_use, scan_keyed_state
 from dtq.store import Store
 
 __all__ = [
+    "DELETE_PAGE",
     "SCAN_KEYS_MAX",
     "Limit",
     "LimitUse",
+    "delete_keyed_state",
     "delete_limit",
     "get_limit",
     "list_limits",
@@ -39,6 +41,7 @@ __all__ = [
 ]
 
 SCAN_KEYS_MAX = 10_000  # state keys of a keyed limit read for its use, at most
+DELETE_PAGE = 100  # state keys deleted per script call when a keyed limit is deleted
 
 
 class LimitUse(BaseModel):
@@ -121,8 +124,11 @@ async def put_limit(
     moved = False
     if keys.cluster_layout():
         old = await locate(store, name)
-        if old is not None and old[0] != d.queue:
-            await calls.limit_delete(store, name, old[0], None)
+        if old is not None and old[0] != d.queue:  # its state in the old queue's slot goes
+            old_state = calls.limit_state_keys(keys.limit_state(old[0], name))
+            await calls.limit_delete(store, name, old[0], None, old_state)
+            if old[1].key is not None:
+                await delete_keyed_state(store, name, old[0])
             moved = True
         await store.redis.sadd(keys.QUEUES, d.queue)  # workers and locate find the hash there
     outcome = await calls.limit_put(store, name, d.queue, d.to_json(), audit)
@@ -156,11 +162,35 @@ async def list_limits(store: Store) -> builtins.list[Limit]:
 
 
 async def delete_limit(store: Store, name: str, *, audit: Audit | None = None) -> None:
-    """Delete limit ``name``'s definition; its state stays (a running task still frees its
-    place) and its per-key state expires when idle."""
-    queue, _ = await _located(store, name)
-    if not await calls.limit_delete(store, name, queue, audit):
+    """Delete limit ``name``'s definition and its state, so that a limit created again under
+    that name starts clean: the unkeyed state in the same script, a keyed limit's key values
+    after it (:func:`delete_keyed_state`). A task running under it frees no place at its
+    finish; one parked for a place is due again within 30 s of its park (docs/limits.md)."""
+    queue, d = await _located(store, name)
+    state = calls.limit_state_keys(keys.limit_state(queue, name))
+    if not await calls.limit_delete(store, name, queue, audit, state):
         raise LimitNotFoundError(f"limit {name!r} not found", limit=name)
+    if d.key is not None:
+        await delete_keyed_state(store, name, queue)
+
+
+async def delete_keyed_state(store: Store, name: str, queue: str) -> int:
+    """Delete the state of every key value of the deleted keyed limit ``name`` of ``queue``
+    (found by bounded SCANs, sent in pages of :data:`DELETE_PAGE` keys), unless a limit of that
+    name exists again meanwhile; how many keys it deleted. Per-key state of a limit no longer
+    defined is what nothing else would delete: an idle key value's rate expires, but a set of
+    places left by a lost task does not."""
+    deleted = 0
+    while True:
+        found = await scan_keyed_state(store.redis, queue, name, SCAN_KEYS_MAX)
+        for at in range(0, len(found.keys), DELETE_PAGE):
+            page = found.keys[at : at + DELETE_PAGE]
+            n = await calls.limit_delete_state(store, name, queue, page)
+            if n is None:  # defined again: its state is the new limit's
+                return deleted
+            deleted += n
+        if not found.capped:
+            return deleted
 
 
 async def _read(store: Store, defs: builtins.list[tuple[str, LimitDef]]) -> builtins.list[Limit]:

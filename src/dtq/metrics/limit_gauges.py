@@ -26,11 +26,13 @@ from dtq.limits import LimitDef
 __all__ = [
     "KEYED_CAP",
     "SCAN_COUNT",
+    "KeyedState",
     "LimitUse",
     "LimitUseReader",
     "Use",
     "limit_hashes",
     "read_use",
+    "scan_keyed_state",
 ]
 
 log = logging.getLogger(__name__)
@@ -84,8 +86,9 @@ async def read_use(
         if d.key is None:
             counted[name] = [prefix + _RUNNING, prefix + _WAITING]
         else:
-            counted[name], n_keys, capped = await _keyed_state(redis, prefix + "=", d.queue, cap)
-            keyed[name] = (n_keys, capped)
+            state = await scan_keyed_state(redis, d.queue, name, cap)
+            counted[name] = [k for k in state.keys if not k.endswith(_RATE)]
+            keyed[name] = (state.values, state.capped)
     pipe = redis.pipeline(transaction=False)
     for zsets in counted.values():
         for zset in zsets:
@@ -110,30 +113,47 @@ async def read_use(
     return out
 
 
-async def _keyed_state(
-    redis: Redis, base: str, queue: str, cap: int
-) -> tuple[list[str], int, bool]:
-    """A keyed limit's state keys ``<base><value>:<running|waiting|rate>`` ("=" ends ``base``
-    and is in no limit name, so no other limit's state matches): its zsets to count, how many
-    key values have state, and whether the scan stopped at ``cap`` keys."""
+@dataclass(frozen=True)
+class KeyedState:
+    """What one bounded SCAN found of a keyed limit's state: its state keys
+    (``<prefix>=<value>:<rate|running|waiting>``), how many key values they are of, and
+    whether the scan stopped at the cap (more may be there)."""
+
+    keys: list[str]
+    values: int
+    capped: bool
+
+    def of(self, suffix: str) -> list[str]:
+        """The keys found that end in ``suffix`` (``:running``, ``:waiting`` or ``:rate``)."""
+        return [k for k in self.keys if k.endswith(suffix)]
+
+    def prefixes(self) -> list[str]:
+        """The state prefix of each key value with a running set (what a sweep reads)."""
+        return [k[: -len(_RUNNING)] for k in self.of(_RUNNING)]
+
+
+async def scan_keyed_state(redis: Redis, queue: str, name: str, cap: int = KEYED_CAP) -> KeyedState:
+    """The state keys of keyed limit ``name`` of ``queue``, by one SCAN ``MATCH <prefix>=*``
+    stopped after ``cap`` state keys ("=" ends the prefix and is in no limit name, so no other
+    limit's state matches); in the cluster layout on the node of the queue's slot only, where
+    all of them are. The one SCAN loop over limit state: the use read here, the worker's sweep
+    (:mod:`dtq.worker.limits`) and the state deleted with a limit (:mod:`dtq.admin.limits`)."""
+    base = keys.limit_state(queue, name) + "="
     where: dict[str, Any] = {}
     if isinstance(redis, RedisCluster):  # the state is in its queue's slot: one node's
         where["target_nodes"] = redis.get_node_from_key(keys.limits(queue))
-    zsets: list[str] = []
+    found: list[str] = []
     values: set[str] = set()
-    seen = 0
     async for key in redis.scan_iter(match=base + "*", count=SCAN_COUNT, **where):
         k = key.decode() if isinstance(key, bytes) else str(key)
         suffix = next((x for x in _SUFFIXES if k.endswith(x)), None)
         if suffix is None:
             continue
-        seen += 1
+        found.append(k)
         values.add(k[len(base) : -len(suffix)])
-        if suffix != _RATE:
-            zsets.append(k)
-        if seen >= cap:
-            return zsets, len(values), True
-    return zsets, len(values), False
+        if len(found) >= cap:
+            return KeyedState(found, len(values), True)
+    return KeyedState(found, len(values), False)
 
 
 class LimitUseReader:

@@ -175,6 +175,11 @@ class Metrics:
             "First park by a limit -> the start that ran the task, for each throttled task", qt,
             buckets=THROTTLE_WAIT_BUCKETS, registry=r,
         )  # fmt: skip
+        self.places_swept_total = Counter(
+            "dtq_limit_places_swept",
+            "Places of a concurrency limit given back by a worker's sweep: no running task held "
+            "them (docs/limits.md)", ["queue", "limit"], registry=r,
+        )  # fmt: skip
         self.rejected = Counter(
             "dtq_ingest_rejected", "Submissions refused", ["queue", "reason"], registry=r
         )
@@ -286,6 +291,9 @@ class Metrics:
 
     def throttle_waited(self, queue: str, task_type: str, wait_s: float) -> None:
         self._child(self.throttle_wait, *self._qt(queue, task_type)).observe(max(0.0, wait_s))
+
+    def places_swept(self, queue: str, limit: str, n: int) -> None:
+        self._child(self.places_swept_total, _queue(queue), limit).inc(n)
 
     def redis_op(self, operation: str, ok: bool) -> None:
         self._child(self.redis_ops, operation, "ok" if ok else "error").inc()

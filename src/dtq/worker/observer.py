@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "Labels",
+    "PlacesSwept",
     "ScheduleDecisions",
     "SchedulerBatch",
     "TaskFinished",
@@ -100,6 +101,16 @@ class ScheduleDecisions:
     decisions: tuple[tuple[str, str, str, int, float | None], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class PlacesSwept:
+    """This worker's sweep gave back places of concurrency limit ``limit`` (of ``queue``) that
+    no RUNNING task held (docs/limits.md, "Places that nothing holds"): their task ids."""
+
+    queue: str
+    limit: str
+    task_ids: tuple[str, ...]
+
+
 class WorkerObserver:
     """Lifecycle hooks; the default does nothing."""
 
@@ -117,3 +128,6 @@ class WorkerObserver:
 
     def schedules_fired(self, event: ScheduleDecisions) -> None:
         """This worker's schedule firer decided ticks."""
+
+    def places_swept(self, event: PlacesSwept) -> None:
+        """This worker's limit sweep gave back places that no running task held."""

@@ -5,7 +5,7 @@ it knows nothing of Prometheus. Here:
 
 - :class:`MetricsObserver` counts starts, attempts and their results, terminal statuses,
   latencies, retries scheduled, start-time expirations, and (scheduler leader) retries promoted
-  and tasks expired by the sweep or at promotion;
+  and tasks expired by the sweep or at promotion, and the limit places its sweep gave back;
 - :class:`LogObserver` writes one structured line per execution (``task_id``, ``task_type``,
   ``queue``, ``attempt``, ``status``, ``duration_ms``, ``event_type``);
 - :class:`WorkerTelemetry` wires both to a worker and serves its ``/metrics`` on
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from dtq.metrics import COMPLETED_STATUSES, Metrics, MetricsServer, count_commands
 from dtq.worker.observer import (
+    PlacesSwept,
     ScheduleDecisions,
     SchedulerBatch,
     TaskFinished,
@@ -98,6 +99,9 @@ class MetricsObserver(WorkerObserver):
     def schedules_fired(self, event: ScheduleDecisions) -> None:
         for queue, task_type, status, n, lag_s in event.decisions:
             self.metrics.schedule_decided(queue, task_type, status, n, lag_s)
+
+    def places_swept(self, event: PlacesSwept) -> None:
+        self.metrics.places_swept(event.queue, event.limit, len(event.task_ids))
 
 
 class LogObserver(WorkerObserver):

@@ -66,7 +66,8 @@ from dtq.worker.firer import Firer
 from dtq.worker.heartbeat import Heartbeat
 from dtq.worker.intake import BLOCK_MS, READ_BATCH, Intake
 from dtq.worker.limits import REFRESH_S as LIMITS_REFRESH_S
-from dtq.worker.observer import ScheduleDecisions, SchedulerBatch, WorkerObserver
+from dtq.worker.limits import PlaceSweeper
+from dtq.worker.observer import PlacesSwept, ScheduleDecisions, SchedulerBatch, WorkerObserver
 from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq.worker.scheduler import Scheduler, TickResult
 from dtq_tasks import Handler, code_limits, code_schedules, registry
@@ -142,6 +143,9 @@ class Worker:
             queues=self.queues,
         )
         self.inflight = self.execution.inflight
+        self._sweeper = PlaceSweeper(
+            self.store, self.execution.limits, settings.limit_sweep_s, self._places_swept
+        )
         self.intake = Intake(
             self.store, settings, self.worker_id, self.queues, self.execution, self._stopping
         )
@@ -466,12 +470,23 @@ class Worker:
     # -- cancellation -----------------------------------------------------------------------
 
     async def _limits_loop(self) -> None:
-        """Read the limits of this worker's queues every second (docs/limits.md)."""
+        """Read the limits of this worker's queues every second, and sweep their places every
+        ``DTQ_LIMIT_SWEEP_S`` (jittered; docs/limits.md)."""
+        loop = asyncio.get_running_loop()
+        sweep_s = self.settings.limit_sweep_s
+        next_sweep = loop.time() + sweep_s * self._rng.uniform(0.5, 1.0)
         while True:
             await self._sleep(LIMITS_REFRESH_S)
             if self._stopping.is_set():
                 return  # with the intake: a stopping worker starts nothing more
             await self.execution.limits.refresh()
+            if loop.time() >= next_sweep:
+                next_sweep = loop.time() + sweep_s * (1 + self._rng.uniform(-JITTER, JITTER))
+                await self._sweeper.sweep()
+
+    def _places_swept(self, event: PlacesSwept) -> None:
+        for obs in self.observers:
+            obs.places_swept(event)
 
     async def _fair_loop(self) -> None:
         """Move the held tasks of the fair queues into their streams (docs/limits.md)."""
