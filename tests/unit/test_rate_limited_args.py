@@ -17,7 +17,10 @@ import dtq
 from dtq import calls, keys
 from dtq.calls import Entry, LimitUse, Outcome, StartReply
 from dtq.config import Settings
+from dtq.metrics import Metrics
 from dtq.worker.handlers import rate_limited
+from dtq.worker.observer import TaskFinished
+from dtq.worker.telemetry import LogObserver, MetricsObserver
 from dtq_tasks import HandlerError, RateLimited, TaskContext
 
 
@@ -128,3 +131,23 @@ def test_the_finish_call_passes_each_limits_rate_state_and_the_slow_flag() -> No
     assert argv[21:] == [2, "1"]
     _, none_keys, none_argv = calls.finish_call(entry, 1, outcome, "w", Settings())
     assert len(none_keys) == 11 and len(none_argv) == 21  # no limit: no limit part at all
+
+
+def test_the_worker_counts_it_as_a_throttle_and_logs_it(caplog: pytest.LogCaptureFixture) -> None:
+    """A finish that parked the task (status pending) counts in dtq_tasks_throttled_total, as
+    an execution ended by the handler (failure), not as a completion or a retry; one INFO
+    line says so."""
+    m = Metrics(known_types={"call"})
+    event = TaskFinished("t1", "default", "call", 1, "pending", "failure", 12, 12, 20, 2000)
+    MetricsObserver(m, "worker-1").task_finished(event)
+    with caplog.at_level("INFO", logger="dtq.worker.tasks"):
+        LogObserver().task_finished(event)
+    qt = {"queue": "default", "task_type": "call"}
+    assert m.registry.get_sample_value("dtq_tasks_throttled_total", qt) == 1
+    assert m.registry.get_sample_value("dtq_retry_delay_seconds_count", qt) is None
+    attempts = m.registry.get_sample_value("dtq_task_attempts_total", {**qt, "result": "failure"})
+    assert attempts == 1
+    (line,) = caplog.records
+    assert line.levelname == "INFO" and "rate limited by its handler" in line.getMessage()
+    assert "parked 2000 ms" in line.getMessage()
+    assert getattr(line, "event_type", None) == "TASK_THROTTLED"
