@@ -752,6 +752,8 @@ def finish_call(
             prefix = u.prefix
             key_list += [prefix + ":rate", prefix + ":running", prefix + ":waiting"]
         argv += [len(limits), _flag(outcome.slow)]
+    elif outcome.slow:  # what the handler asked is recorded, though it holds no limit
+        argv += [0, "1"]
     return ("finish", key_list, argv)
 
 

@@ -171,10 +171,14 @@ async def test_slow_with_no_limit_just_parks(queue: Queue, settings: Settings, r
             raise RateLimited(0.2, slow=True)
         return ctx.attempt
 
-    async with running_worker(fast(settings), handlers(call=call)):
+    async with Events(r) as events, running_worker(fast(settings), handlers(call=call)):
         task = await queue.submit("call", {}, max_attempts=1)
         assert await queue.result(task.task_id, timeout=10) == 1
-    assert ("running", "pending", "rate_limited") in steps(await queue.history(task.task_id))
+        await events.sync()
+    park = [h for h in await queue.history(task.task_id) if h.reason == "rate_limited"]
+    assert len(park) == 1 and park[0].details["slow"] is True  # what the handler asked
+    (throttled,) = events.of("TASK_THROTTLED")
+    assert throttled.metadata["slow"] is True
 
 
 async def test_its_concurrency_place_is_given_back(

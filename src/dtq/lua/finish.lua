@@ -55,7 +55,8 @@
 -- ARGV[12] delay_ms (retry or reschedule)  [13] extend_ms or ""  [14] duration_ms
 -- ARGV[15] task retention s  [16] result retention s  [17] idempotency TTL s
 -- ARGV[18] events channel  [19] event_id  [20] DLQ enabled "1"/"0"  [21] DLQ maxlen
--- ARGV[22] how many limits (absent: none)  [23] "1": a rate_limited outcome holds them
+-- ARGV[22] how many limits (absent: none)  [23] "1": a rate_limited outcome with slow (it holds
+-- them; sent with no limit too, as "0" and "1", for the history and the event to say so)
 -- Returns {"fenced", why} | {status, retry_delay_ms or "" (a retry's, a rate_limited's), freed?}
 local task_id, entry_id, worker, group = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local attempt = tonumber(ARGV[5])
