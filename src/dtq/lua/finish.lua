@@ -52,7 +52,7 @@
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] attempt
 -- ARGV[6] outcome  [7] result JSON ("" if none)  [8] result too large "1"/"0"
 -- ARGV[9] error_class  [10] error_message (sanitized)  [11] retryable "1"/"0"
--- ARGV[12] delay_ms (retry or reschedule)  [13] extend_ms or ""  [14] duration_ms
+-- ARGV[12] delay_ms (retry, reschedule or rate_limited)  [13] extend_ms or ""  [14] duration_ms
 -- ARGV[15] task retention s  [16] result retention s  [17] idempotency TTL s
 -- ARGV[18] events channel  [19] event_id  [20] DLQ enabled "1"/"0"  [21] DLQ maxlen
 -- ARGV[22] how many limits (absent: none)  [23] "1": a rate_limited outcome with slow (it holds
@@ -65,7 +65,8 @@ local outcome = ARGV[6]
 local fenced, deleted = entry_fence(KEYS[3], group, entry_id, worker)
 if fenced then return {'fenced', fenced} end
 local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'attempt', 'max_attempts',
-  'queue', 'task_type', 'idempotency_key', 'expires_at_ms', 'cancel_requested', 'worker_id')
+  'queue', 'task_type', 'idempotency_key', 'expires_at_ms', 'cancel_requested', 'worker_id',
+  'throttled_at_ms')
 if not h[1] then return {'fenced', 'missing'} end
 if h[1] ~= 'running' then return {'fenced', 'status:' .. h[1]} end
 if h[2] ~= entry_id then return {'fenced', 'entry'} end
@@ -159,7 +160,7 @@ elseif to == 'pending' then
   local due = now + delay_ms
   fields = {'status', 'pending', 'attempt', attempt - 1, 'available_at', iso(due),
     'updated_at', ts}
-  if not redis.call('HGET', KEYS[1], 'throttled_at_ms') then
+  if not h[11] then
     fields[#fields + 1] = 'throttled_at_ms'
     fields[#fields + 1] = now
   end
