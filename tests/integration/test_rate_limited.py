@@ -20,11 +20,16 @@ from redis.asyncio import Redis
 import dtq.worker.worker as worker_module
 from dtq import Queue, RateLimited, TaskStatus, keys
 from dtq.config import Settings
+from dtq.connection import no_retry
 from dtq.errors import TaskRunningError
 from dtq.limits import LimitDef
 from dtq.models import HistoryEntry, parse_ts
+from dtq.scripts import Scripts
+from dtq.worker import Worker
+from dtq.worker.observer import TaskFinished, WorkerObserver
 from dtq_tasks import HandlerError, TaskContext
-from support import Events, running_worker, wait_until
+from support import Events, running_worker, started, wait_until
+from support.wire import LosingConnection, losing_client, reset
 from support.worker import fast, handlers
 
 pytestmark = pytest.mark.backends("single", "cluster")
@@ -280,3 +285,49 @@ async def test_a_bad_retry_after_is_the_handlers_error(
     assert ended.status == TaskStatus.DEAD_LETTERED and ended.attempt == 1
     assert ended.error_class == "ValueError"
     assert ended.error_message is not None and expected in ended.error_message
+
+
+class Finished(WorkerObserver):
+    def __init__(self) -> None:
+        self.statuses: list[str] = []
+
+    def task_finished(self, event: TaskFinished) -> None:
+        self.statuses.append(event.status)
+
+
+@pytest.mark.backends("single", reason="the reply is lost by a single server's client")
+async def test_a_lost_reply_of_its_park_is_told_as_the_park(
+    queue: Queue, settings: Settings, r: Redis
+) -> None:
+    """The reply of the finish that parked the task is lost on the wire: sent again, it is
+    fenced (the task is PENDING), and the worker tells what the first one recorded (pending),
+    then the success of the same attempt number that follows."""
+    once: set[str] = set()
+
+    async def call(payload: dict[str, Any], ctx: TaskContext) -> int:
+        if ctx.task_id not in once:
+            once.add(ctx.task_id)
+            raise RateLimited(0.2)
+        return ctx.attempt
+
+    reset(killer=r)
+    try:
+        LosingConnection.lose_next_script_reply = True
+        LosingConnection.lose_only = (Scripts().sha["finish"].encode(),)
+        seen = Finished()
+        client = losing_client(settings.redis_url, no_retry(), socket_timeout=10)
+        worker = Worker(
+            fast(settings), handlers=handlers(call=call), redis=client, observers=[seen]
+        )
+        async with started(worker):
+            task = await queue.submit("call", {}, max_attempts=1)
+            assert await queue.result(task.task_id, timeout=15) == 1
+
+            async def told() -> bool:
+                return len(seen.statuses) == 2
+
+            await wait_until(told, 10, "both finishes told")
+        assert not LosingConnection.lose_next_script_reply  # the park's reply was lost
+    finally:
+        reset()
+    assert seen.statuses == ["pending", "succeeded"]
