@@ -26,7 +26,7 @@ from dtq.limits import LimitDef
 from dtq.models import HistoryEntry, parse_ts
 from dtq.scripts import Scripts
 from dtq.worker import Worker
-from dtq.worker.observer import TaskFinished, WorkerObserver
+from dtq.worker.observer import TaskFinished, TaskStarted, WorkerObserver
 from dtq_tasks import HandlerError, TaskContext
 from support import Events, running_worker, started, wait_until
 from support.wire import LosingConnection, losing_client, reset
@@ -290,9 +290,40 @@ async def test_a_bad_retry_after_is_the_handlers_error(
 class Finished(WorkerObserver):
     def __init__(self) -> None:
         self.statuses: list[str] = []
+        self.throttled_ms: list[int | None] = []
+
+    def task_started(self, event: TaskStarted) -> None:
+        self.throttled_ms.append(event.throttled_ms)
 
     def task_finished(self, event: TaskFinished) -> None:
         self.statuses.append(event.status)
+
+
+async def test_the_next_start_reports_the_park_as_a_throttle_wait(
+    queue: Queue, settings: Settings, r: Redis
+) -> None:
+    """What dtq_throttle_wait_seconds observes: the start after the park carries how long the
+    task was held back, from the park on the Redis clock."""
+    once: set[str] = set()
+
+    async def call(payload: dict[str, Any], ctx: TaskContext) -> int:
+        if ctx.task_id not in once:
+            once.add(ctx.task_id)
+            raise RateLimited(0.3)
+        return ctx.attempt
+
+    seen = Finished()
+    worker = Worker(fast(settings), handlers=handlers(call=call), observers=[seen])
+    async with started(worker):
+        task = await queue.submit("call", {}, max_attempts=1)
+        assert await queue.result(task.task_id, timeout=15) == 1
+    history = await queue.history(task.task_id)
+    park = next(h for h in history if h.reason == "rate_limited")
+    restart = [h for h in history if h.to_status == "running"][-1]
+    assert seen.statuses == ["pending", "succeeded"]
+    first, second = seen.throttled_ms
+    assert first is None  # never parked before its first start
+    assert second == ms(restart.ts) - ms(park.ts) and second >= 300
 
 
 @pytest.mark.backends("single", reason="the reply is lost by a single server's client")
