@@ -13,6 +13,7 @@ from dtq.errors import (
     WaitTimeout,
 )
 from dtq.models import HistoryEntry, Task, TaskStatus
+from dtq_tasks.errors import RateLimited  # the handler contract's one re-export (docs/limits.md)
 
 # The name the waiting API's documentation uses for an unknown or expired task id.
 TaskNotFound = TaskNotFoundError
@@ -22,6 +23,7 @@ __all__ = [
     "DtqError",
     "HistoryEntry",
     "Queue",
+    "RateLimited",
     "ResultExpired",
     "Settings",
     "SyncQueue",

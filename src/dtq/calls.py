@@ -558,8 +558,9 @@ class LimitUse:
 @dataclass(frozen=True)
 class StartReply:
     """start.lua's answer. ``kind`` is run, missing, terminal, cancelled, duplicate, expired,
-    dead, throttled (parked by a limit: ``detail`` its name, ``reason`` rate or concurrency,
-    ``until_ms`` when it is due again) or fenced (the entry is not pending for this worker);
+    dead, throttled (parked by a limit: ``detail`` its name, ``reason`` rate, concurrency or
+    upstream (held by a handler's ``RateLimited(slow=True)``), ``until_ms`` when it is due
+    again) or fenced (the entry is not pending for this worker);
     the numbers are set for ``run``, with ``throttled_ms`` how long a limit held the task back
     before this start (None: never) and ``limits`` the places it holds."""
 
@@ -663,12 +664,14 @@ async def start_many(
 
 # -- finish.lua ---------------------------------------------------------------------------------
 
-OutcomeKind = Literal["success", "error", "reschedule", "cancelled"]
+OutcomeKind = Literal["success", "error", "reschedule", "cancelled", "rate_limited"]
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How one execution ended, as finish.lua records it."""
+    """How one execution ended, as finish.lua records it. ``rate_limited``: the handler raised
+    :class:`~dtq_tasks.RateLimited`, parked ``delay_ms`` (and, ``slow``, its limits held as
+    long) without spending the attempt."""
 
     kind: OutcomeKind
     duration_ms: int = 0
@@ -679,6 +682,7 @@ class Outcome:
     retryable: bool = False
     delay_ms: int = 0
     extend_ms: int | None = None
+    slow: bool = False
     details: dict[str, Any] = field(default_factory=dict)
 
 
@@ -686,7 +690,7 @@ class Outcome:
 class FinishReply:
     """finish.lua's answer: ``status`` is the task's new status, or "fenced" (nothing written:
     another worker owns the entry; ``detail`` says why); a retry's ``detail`` is its delay in
-    ms."""
+    ms, and so is a rate-limited task's (``pending``: parked without spending the attempt)."""
 
     status: str
     detail: str = ""
@@ -706,7 +710,8 @@ def finish_call(
     limits: Sequence[LimitUse] = (),
 ) -> Call:
     """The finish.lua call of one execution (sent in a batch by :func:`finish_many`);
-    ``limits``: the places its start took, which the finish gives back."""
+    ``limits``: the limits its start met: the places it took, which the finish gives back, and
+    the limits a ``slow`` rate-limited outcome holds."""
     s = settings
     qk = queue_keys(entry.queue)
     key_list = [
@@ -746,8 +751,12 @@ def finish_call(
         s.dlq_maxlen,
     ]
     if limits:
-        key_list += [k for u in limits for k in (u.prefix + ":running", u.prefix + ":waiting")]
-        argv.append(len(limits))
+        for u in limits:
+            prefix = u.prefix
+            key_list += [prefix + ":rate", prefix + ":running", prefix + ":waiting"]
+        argv += [len(limits), _flag(outcome.slow)]
+    elif outcome.slow:  # what the handler asked is recorded, though it holds no limit
+        argv += [0, "1"]
     return ("finish", key_list, argv)
 
 

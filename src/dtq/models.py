@@ -151,7 +151,9 @@ HISTORY_EXTENSIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
     # QUEUED -> PENDING: a task over one of its limits, parked until it is due again
     # (docs/limits.md); its attempt is not counted.
     S.QUEUED: frozenset({S.QUEUED, S.PENDING}),
-    S.RUNNING: frozenset({S.RUNNING}),
+    # RUNNING -> PENDING: a handler that raised RateLimited, parked like a throttle; its attempt
+    # is not spent (docs/limits.md, "Back-pressure from a handler").
+    S.RUNNING: frozenset({S.RUNNING, S.PENDING}),
     S.DEAD_LETTERED: frozenset({S.QUEUED, S.DEAD_LETTERED}),
 }
 

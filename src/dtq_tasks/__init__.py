@@ -10,15 +10,17 @@
         return {"ok": True}
 
 Handlers receive the payload (a dict) and a :class:`TaskContext`; they return something JSON
-can encode (or a pydantic model), or raise :class:`RetryableError`, :class:`PermanentError` or
-:class:`RescheduleError`. ``@task`` gives back a :class:`TaskDef`: still callable as the
-handler, it also submits itself, its payload and result typed (:mod:`dtq_tasks.typed`).
+can encode (or a pydantic model), or raise :class:`RetryableError`, :class:`PermanentError`,
+:class:`RescheduleError` or :class:`RateLimited`. ``@task`` gives back a :class:`TaskDef`:
+still callable as the handler, it also submits itself, its payload and result typed
+(:mod:`dtq_tasks.typed`).
 This package imports nothing of ``dtq.worker`` or ``dtq.api``.
 """
 
 from dtq_tasks.errors import (
     HandlerError,
     PermanentError,
+    RateLimited,
     RescheduleError,
     RetryableError,
     TaskCancelled,
@@ -49,6 +51,7 @@ __all__ = [
     "HandlerError",
     "HandlerFn",
     "PermanentError",
+    "RateLimited",
     "RescheduleError",
     "RetryableError",
     "ScheduleDecl",

@@ -6,6 +6,8 @@
     ├── RetryableError     try again after the backoff of contract section 4 (up to max_attempts)
     ├── PermanentError     never try again: dead letter (or FAILED when the DLQ is disabled)
     ├── RescheduleError    not an error: run again after ``delay_seconds`` (counts as an attempt)
+    ├── RateLimited        pushed back by an upstream: parked for ``retry_after_s`` (no attempt
+    │                      spent), and with ``slow=True`` its limits held as long
     └── TaskCancelled      raised by the worker inside a sync handler's thread on a cancel
 
     TimeoutError
@@ -26,12 +28,15 @@ from __future__ import annotations
 import math
 
 __all__ = [
+    "RETRY_AFTER_MAX_S",
     "HandlerError",
     "PermanentError",
+    "RateLimited",
     "RescheduleError",
     "RetryableError",
     "TaskCancelled",
     "TimeLimitExceeded",
+    "retry_after_problem",
 ]
 
 
@@ -72,6 +77,51 @@ class RescheduleError(HandlerError):
         self.extend_expiration_seconds = (
             None if extend_expiration_seconds is None else float(extend_expiration_seconds)
         )
+
+
+RETRY_AFTER_MAX_S = 86400.0
+"""The longest ``retry_after_s`` a handler may give :class:`RateLimited` (a day)."""
+
+
+class RateLimited(HandlerError):
+    """An upstream pushed back (an HTTP 429, a quota): park this task for ``retry_after_s``
+    seconds without spending an attempt (docs/limits.md, "Back-pressure from a handler").
+
+    The task goes back to PENDING, due ``retry_after_s`` from now on the Redis clock, and its
+    next start runs the same attempt number again: a task with ``max_attempts=1`` may be
+    rate limited any number of times. Its deadline (``expires_at``) still applies while it
+    waits, and a cancel requested while it ran cancels it instead. ``slow=True`` also holds
+    every limit the task met at its start (for a per-key limit: its key only) for as long:
+    tasks under them are parked until then. ``retry_after_s`` must be a number more than 0
+    and at most 86400 (a day), else ValueError (a handler bug: the attempt ends as an error
+    with that message).
+    """
+
+    def __init__(self, retry_after_s: float, *, slow: bool = False) -> None:
+        problem = retry_after_problem(retry_after_s, slow)
+        if problem is not None:
+            raise ValueError(problem)
+        super().__init__(f"rate limited: retry after {retry_after_s}s")
+        self.retry_after_s = float(retry_after_s)
+        self.slow = slow
+
+
+def retry_after_problem(retry_after_s: object, slow: object) -> str | None:
+    """What is wrong with :class:`RateLimited`'s arguments (None: nothing); the worker checks
+    them again on what a handler raised, which a subclass could have changed."""
+    if not (
+        isinstance(retry_after_s, int | float)
+        and not isinstance(retry_after_s, bool)
+        and math.isfinite(retry_after_s)
+        and 0 < retry_after_s <= RETRY_AFTER_MAX_S
+    ):
+        return (
+            "RateLimited: retry_after_s must be a number more than 0 and at most 86400 "
+            f"(a day), not {retry_after_s!r}"
+        )
+    if not isinstance(slow, bool):
+        return f"RateLimited: slow must be True or False, not {slow!r}"
+    return None
 
 
 class TaskCancelled(HandlerError):

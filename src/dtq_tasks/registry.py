@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -20,6 +20,7 @@ from dtq.errors import InvalidTaskError
 from dtq.limits import LimitDef
 from dtq.models import QUEUE_RE, TASK_TYPE_RE, check_progress
 from dtq.schedules import ScheduleDef
+from dtq_tasks.errors import RateLimited
 from dtq_tasks.typed import AsyncTaskDef, SyncTaskDef, TaskDef
 
 __all__ = [
@@ -62,7 +63,8 @@ class TaskContext:
     started runs to completion even past ``expires_at``: a handler that prefers to give up can
     compare it with the time and raise :class:`dtq_tasks.PermanentError`.
 
-    :meth:`progress` reports how far the handler is (docs/handlers.md, "Progress").
+    :meth:`progress` reports how far the handler is (docs/handlers.md, "Progress");
+    :meth:`rate_limited` parks the task when an upstream pushes back (docs/limits.md).
     """
 
     task_id: str
@@ -92,6 +94,13 @@ class TaskContext:
         checked, data_json = check_progress(fraction, data)
         if self._progress is not None:
             self._progress(self, checked, data_json)
+
+    def rate_limited(self, retry_after_s: float, *, slow: bool = False) -> NoReturn:
+        """Raise :class:`~dtq_tasks.RateLimited`: the task is parked for ``retry_after_s``
+        seconds without spending an attempt, and with ``slow=True`` the limits it met are held
+        as long (docs/limits.md, "Back-pressure from a handler"). For async and sync handlers
+        alike; a bad argument raises ValueError instead."""
+        raise RateLimited(retry_after_s, slow=slow)
 
 
 @dataclass(frozen=True)

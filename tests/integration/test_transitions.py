@@ -24,7 +24,7 @@ from dtq import Queue, keys
 from dtq.config import Settings
 from dtq.errors import TaskRunningError
 from dtq.models import HISTORY_EXTENSIONS, INITIAL, TERMINAL, TRANSITIONS, TaskStatus
-from dtq_tasks import PermanentError, RescheduleError, RetryableError, TaskContext
+from dtq_tasks import PermanentError, RateLimited, RescheduleError, RetryableError, TaskContext
 from support import running_worker, wait_until
 from support.worker import WorkerProcess, fast, handlers, wait_status
 
@@ -65,8 +65,24 @@ async def later(payload: dict[str, Any], ctx: TaskContext) -> None:
     raise RescheduleError(float(payload["s"]))
 
 
+PUSHED_BACK: set[str] = set()
+
+
+async def pushed_back_once(payload: dict[str, Any], ctx: TaskContext) -> str:
+    """Rate limited by its upstream the first time (RUNNING -> PENDING), then runs."""
+    if ctx.task_id not in PUSHED_BACK:
+        PUSHED_BACK.add(ctx.task_id)
+        raise RateLimited(0.1)
+    return "ok"
+
+
 WORKER_HANDLERS = handlers(
-    tr_ok=ok, tr_flaky=flaky, tr_perm=permanent, tr_hang=hang, tr_later=later
+    tr_ok=ok,
+    tr_flaky=flaky,
+    tr_perm=permanent,
+    tr_hang=hang,
+    tr_later=later,
+    tr_pushed=pushed_back_once,
 )
 
 
@@ -181,6 +197,15 @@ async def throttled_path(q: Queue, r: Redis, settings: Settings) -> list[str]:
     return [t.task_id for t in tasks]
 
 
+async def rate_limited_path(q: Queue, r: Redis, settings: Settings) -> list[str]:
+    """A handler pushed back by its upstream parks its task (RUNNING -> PENDING, docs/limits.md,
+    "Back-pressure from a handler"), which runs once due."""
+    task = await q.submit("tr_pushed", queue="tr-pushed", max_attempts=1)
+    async with running_worker(fast(settings), WORKER_HANDLERS, queues=("tr-pushed",)):
+        await wait_status(r, task.task_id, "succeeded")
+    return [task.task_id]
+
+
 async def no_dlq_path(q: Queue, r: Redis, settings: Settings) -> list[str]:
     """finish with the DLQ disabled: FAILED."""
     task = await q.submit("tr_perm", queue="tr-nodlq")
@@ -233,6 +258,7 @@ async def test_every_history_step_is_in_the_table_and_every_pair_is_written(
     ids += await start_expired_path(queue, r, settings)
     ids += await no_dlq_path(queue, r, settings)
     ids += await throttled_path(queue, r, settings)
+    ids += await rate_limited_path(queue, r, settings)
     ids += await removed_entry_path(queue, r, settings)
     ids += await crash_paths(queue, r, settings, spawn)
 

@@ -22,10 +22,21 @@
 --               letter with error_class RescheduleLimit); extend_ms moves expires_at and its
 --               expiry score (a task without a deadline keeps none).
 --   cancelled   CANCELLED (the handler was stopped on a cancel request), idempotency failed.
--- A retry or reschedule of a task whose cancel was requested meanwhile is CANCELLED instead.
--- Always: finished_at, duration_ms, worker_id, error_class, error_message, retryable; the hash
--- and history get the retention (a terminal state) or no TTL (RETRYING; DESIGN 11); history
--- entry; event; XACK + XDEL (of an entry still pending).
+--   rate_limited  the handler raised RateLimited (docs/limits.md, "Back-pressure from a
+--               handler"): parked like a throttle, the attempt not spent. PENDING (history
+--               running -> pending, reason rate_limited), hash attempt set back to attempt - 1
+--               (the next start runs this attempt number again), throttled_at_ms set if absent,
+--               due now + delay_ms in dtq:retry:schedule, expiry member written again,
+--               TASK_THROTTLED {reason "upstream", until, retry_after_ms, slow}. None of the
+--               execution fields below is written: the last attempt's stay as they were.
+--               With ARGV[23] = "1" (slow), every limit of the task is held until then: field
+--               `hold` (epoch ms, the later of the one there and this) of its rate state, whose
+--               TTL is made to cover it; start.lua parks a task of a held limit ("upstream").
+-- A retry, reschedule or rate_limited of a task whose cancel was requested meanwhile is
+-- CANCELLED instead.
+-- Always but rate_limited: finished_at, duration_ms, worker_id, error_class, error_message,
+-- retryable. The hash and history get the retention (a terminal state) or no TTL (RETRYING,
+-- PENDING; DESIGN 11); history entry; event; XACK + XDEL (of an entry still pending).
 --
 -- KEYS[1] = dtq:task:<id>   KEYS[2] = dtq:task:<id>:history   KEYS[3] = the entry's stream
 -- KEYS[4] = dtq:retry:schedule   KEYS[5] = dtq:expiry
@@ -33,17 +44,20 @@
 -- KEYS[7] = dtq:stream:dead-letter   KEYS[8] = dtq:result:<id>   KEYS[9] = dtq:cancelled
 -- KEYS[10] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- KEYS[11] = dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
--- then, for each limit whose place the start took (ARGV[22] says how many; docs/limits.md):
--- KEYS[10 + 2i] = its running set, KEYS[11 + 2i] = its waiting set. The task gives its place
--- back whatever its outcome (it leaves RUNNING), and the first waiter is made due; the reply
--- then has a third element, "1", and the worker promotes the queue's due tasks at once.
+-- then, for each limit the task met at its start (ARGV[22] says how many; docs/limits.md):
+-- KEYS[9 + 3i] = its rate state (hash {tat, hold}), KEYS[10 + 3i] = its running set,
+-- KEYS[11 + 3i] = its waiting set. The task gives its place back whatever its outcome (it
+-- leaves RUNNING), and the first waiter is made due; the reply then has a third element, "1",
+-- and the worker promotes the queue's due tasks at once.
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] attempt
 -- ARGV[6] outcome  [7] result JSON ("" if none)  [8] result too large "1"/"0"
 -- ARGV[9] error_class  [10] error_message (sanitized)  [11] retryable "1"/"0"
--- ARGV[12] delay_ms (retry or reschedule)  [13] extend_ms or ""  [14] duration_ms
+-- ARGV[12] delay_ms (retry, reschedule or rate_limited)  [13] extend_ms or ""  [14] duration_ms
 -- ARGV[15] task retention s  [16] result retention s  [17] idempotency TTL s
 -- ARGV[18] events channel  [19] event_id  [20] DLQ enabled "1"/"0"  [21] DLQ maxlen
--- Returns {"fenced", why} | {status, retry_delay_ms or ""}
+-- ARGV[22] how many limits (absent: none)  [23] "1": a rate_limited outcome with slow (it holds
+-- them; sent with no limit too, as "0" and "1", for the history and the event to say so)
+-- Returns {"fenced", why} | {status, retry_delay_ms or "" (a retry's, a rate_limited's), freed?}
 local task_id, entry_id, worker, group = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local attempt = tonumber(ARGV[5])
 local outcome = ARGV[6]
@@ -51,7 +65,8 @@ local outcome = ARGV[6]
 local fenced, deleted = entry_fence(KEYS[3], group, entry_id, worker)
 if fenced then return {'fenced', fenced} end
 local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'attempt', 'max_attempts',
-  'queue', 'task_type', 'idempotency_key', 'expires_at_ms', 'cancel_requested', 'worker_id')
+  'queue', 'task_type', 'idempotency_key', 'expires_at_ms', 'cancel_requested', 'worker_id',
+  'throttled_at_ms')
 if not h[1] then return {'fenced', 'missing'} end
 if h[1] ~= 'running' then return {'fenced', 'status:' .. h[1]} end
 if h[2] ~= entry_id then return {'fenced', 'entry'} end
@@ -83,10 +98,12 @@ elseif outcome == 'reschedule' then
   end
 elseif outcome == 'error' then
   if retryable == '1' and attempt < max_attempts then to = 'retrying' else to = 'dead' end
+elseif outcome == 'rate_limited' then
+  to = 'pending'
 else
   return redis.error_reply('finish: unknown outcome ' .. tostring(outcome))
 end
-if to == 'retrying' and h[9] == '1' then to = 'cancelled' end
+if (to == 'retrying' or to == 'pending') and h[9] == '1' then to = 'cancelled' end
 if to == 'dead' then to = ARGV[20] == '1' and 'dead_lettered' or 'failed' end
 
 local fields = {'status', to, 'finished_at', ts, 'updated_at', ts, 'worker_id', worker,
@@ -137,6 +154,36 @@ elseif to == 'retrying' then
   meta.retry_delay_ms = delay_ms
   meta.available_at = iso(due)
   meta.reschedule = outcome == 'reschedule'
+elseif to == 'pending' then
+  -- Parked like a throttle: not an attempt, so not its execution fields either.
+  etype = 'TASK_THROTTLED'
+  local due = now + delay_ms
+  fields = {'status', 'pending', 'attempt', attempt - 1, 'available_at', iso(due),
+    'updated_at', ts}
+  if not h[11] then
+    fields[#fields + 1] = 'throttled_at_ms'
+    fields[#fields + 1] = now
+  end
+  redis.call('ZADD', KEYS[4], due, task_id)
+  local exp_ms = tonumber(h[8] or '')
+  if exp_ms ~= nil then redis.call('ZADD', KEYS[5], exp_ms, task_id) end
+  local slow = ARGV[23] == '1'
+  extra.retry_after_ms = delay_ms
+  extra['until'] = iso(due)
+  extra.slow = slow
+  meta.reason = 'upstream'
+  meta['until'] = iso(due)
+  meta.retry_after_ms = delay_ms
+  meta.slow = slow
+  if slow then
+    for i = 1, tonumber(ARGV[22]) or 0 do
+      local rate = KEYS[9 + 3 * i]
+      local held = tonumber(redis.call('HGET', rate, 'hold'))
+      if not held or held < due then redis.call('HSET', rate, 'hold', due) end
+      local ttl = redis.call('PTTL', rate)
+      if ttl < delay_ms + 1000 then redis.call('PEXPIRE', rate, delay_ms + 1000) end
+    end
+  end
 elseif to == 'cancelled' then
   etype = 'TASK_CANCELLED'
   meta.from = 'running'
@@ -161,8 +208,9 @@ else
   meta.error_class = error_class
 end
 
--- A task waiting for its retry is not terminal: no TTL however long it waits (DESIGN 11).
-if to == 'retrying' then retention = nil end
+-- A task waiting for its retry, or parked, is not terminal: no TTL however long it waits
+-- (DESIGN 11).
+if to == 'retrying' or to == 'pending' then retention = nil end
 redis.call('HSET', KEYS[1], unpack(fields))
 if retention then retain(KEYS[1], KEYS[10], retention, KEYS[11]) else persist(KEYS[1], KEYS[10]) end
 if not deleted then
@@ -170,11 +218,11 @@ if not deleted then
   redis.call('XDEL', KEYS[3], entry_id)
 end
 redis.call('SREM', KEYS[9], task_id)
-if to ~= 'retrying' then redis.call('ZREM', KEYS[5], task_id) end
+if retention then redis.call('ZREM', KEYS[5], task_id) end
 local freed = nil  -- "1": a place's waiter was made due (the reply's third element)
 for i = 1, tonumber(ARGV[22]) or 0 do
-  if redis.call('ZREM', KEYS[10 + 2 * i], task_id) == 1
-      and limit_promote(KEYS[11 + 2 * i], KEYS[4], now) then
+  if redis.call('ZREM', KEYS[10 + 3 * i], task_id) == 1
+      and limit_promote(KEYS[11 + 3 * i], KEYS[4], now) then
     freed = '1'
   end
 end
@@ -189,4 +237,4 @@ end
 hist(KEYS[2], retention, ts, 'running', to, attempt, worker, reason, extra)
 emit(ARGV[18], ARGV[19], ts, etype, task_id, queue, task_type, attempt, worker,
   next(meta) and meta or nil)
-return {to, to == 'retrying' and delay_ms or '', freed}
+return {to, (to == 'retrying' or to == 'pending') and delay_ms or '', freed}

@@ -48,13 +48,16 @@
 -- Limits (docs/limits.md, "How a limit is enforced"): ARGV[13] how many the task meets
 -- (absent: none); for the i-th, ARGV[10 + 4i] its name, [11 + 4i] GCRA's interval in ms (0: no
 -- rate), [12 + 4i] GCRA's tolerance in ms, [13 + 4i] its concurrency (0: none); KEYS[10] the
--- retry schedule, KEYS[8 + 3i] its rate state (hash {tat}), [9 + 3i] its running set,
+-- retry schedule, KEYS[8 + 3i] its rate state (hash {tat, hold}), [9 + 3i] its running set,
 -- [10 + 3i] its waiting set. Before step 7, a queued task over one of them is parked instead
 -- (its entry consumed, PENDING until it is due again, the attempt not counted, TASK_THROTTLED):
+--   upstream: the limit is held (`hold`, epoch ms, later than now: a handler's
+--   RateLimited(slow=True), written by finish.lua): due at the hold's end, nothing reserved;
 --   rate: due when the rate allows it (GCRA: the theoretical arrival time less the
 --   tolerance), the slot reserved (see park);
 --   concurrency: in the waiting set, promoted by the finish that frees a place, and due again
---   after PARKED_RECHECK_MS all the same.      {"throttled", limit, "rate"|"concurrency", due ms}
+--   after PARKED_RECHECK_MS all the same.
+--                                {"throttled", limit, "upstream"|"rate"|"concurrency", due ms}
 -- A started task holds a place (its id in the running set) until its finish; a redelivered
 -- one keeps it, and gives it back if it ends here (cancelled, dead).
 -- The "run" reply carries, 8th, how long limits held the task back before this start (ms, or
@@ -226,6 +229,9 @@ if nlim > 0 then
     -- has not used its first one's rate.
     local tats = {}
     for i = 1, nlim do
+      local state = redis.call('HMGET', KEYS[8 + 3 * i], 'tat', 'hold')
+      local hold = tonumber(state[2])
+      if hold and hold > now then return park(i, 'upstream', hold) end
       local concurrency = tonumber(ARGV[13 + 4 * i])
       if concurrency > 0 and redis.call('ZCARD', KEYS[9 + 3 * i]) >= concurrency
           and not redis.call('ZSCORE', KEYS[9 + 3 * i], task_id) then
@@ -233,7 +239,7 @@ if nlim > 0 then
       end
       local interval = tonumber(ARGV[11 + 4 * i])
       if interval > 0 and h[14] ~= ARGV[10 + 4 * i] then  -- not admitted on a reservation
-        local tat = tonumber(redis.call('HGET', KEYS[8 + 3 * i], 'tat')) or now
+        local tat = tonumber(state[1]) or now
         if tat < now then tat = now end
         local tolerance = tonumber(ARGV[12 + 4 * i])
         if tat - now > tolerance then

@@ -195,8 +195,9 @@ class Finisher:
         entry no longer pending for another consumer (``not_pending``, or the hash past
         running: ``status:...``, ``entry``, ``attempt``), either the first send ran and only its
         reply was lost, or another worker consumed the entry meanwhile: the task's history
-        tells, since only this worker's finish of this attempt records a change from running
-        by this worker at this attempt (this worker starts no entry it has in flight). The
+        tells, since only this worker's finish of this execution records a change from running
+        by this worker at this attempt after this execution's start (this worker starts no
+        entry it has in flight; a rate-limited execution ran the same attempt before). The
         status that first send recorded is returned; nothing is written again. An entry
         pending for another consumer (``owner:...``) was never acknowledged by this worker's
         finish, so that reply stands."""
@@ -213,11 +214,13 @@ class Finisher:
         for row in reversed(rows):
             with contextlib.suppress(ValueError, TypeError):
                 change = json.loads(row)
-                if (
-                    change.get("from") == "running"
-                    and change.get("attempt") == attempt
-                    and change.get("worker_id") == self.worker_id
-                ):
+                if change.get("attempt") != attempt or change.get("worker_id") != self.worker_id:
+                    continue
+                if change.get("to") == "running":
+                    # this execution's own start: nothing after it is this finish's (an earlier
+                    # execution of the same attempt number, rate limited, is before it)
+                    break
+                if change.get("from") == "running":
                     status = str(change["to"])
                     log.info(
                         "task %s attempt %d: the finish reply was lost; it had recorded %s",
@@ -225,7 +228,7 @@ class Finisher:
                         attempt,
                         status,
                     )
-                    delay = change.get("retry_delay_ms")
+                    delay = change.get("retry_delay_ms", change.get("retry_after_ms"))
                     return FinishReply(status, "" if delay is None else str(delay))
         return reply
 
@@ -302,7 +305,7 @@ def _finished_event(
         outcome.duration_ms,
         outcome.duration_ms if ran else None,
         latency_ms,
-        outcome.delay_ms if status == "retrying" else 0,
+        outcome.delay_ms if status in ("retrying", "pending") else 0,
     )
 
 
@@ -311,7 +314,7 @@ def attempt_result(outcome: Outcome, ran: bool) -> str:
     was called."""
     if outcome.kind == "success":
         return "success"
-    if outcome.kind == "reschedule":
+    if outcome.kind in ("reschedule", "rate_limited"):
         return "failure"
     if outcome.kind == "cancelled":
         return "error"

@@ -5,7 +5,7 @@
 entry that cannot run, task type unknown here, payload not JSON or not valid for the
 handler's model); the handler task, which checks the lease right before the handler is called
 (:meth:`Runner._lease_held`) and runs it under ``timeout_ms``; then how it ended, as finish.lua
-records it (:func:`succeeded`, :func:`rescheduled`, :func:`failed`: an
+records it (:func:`succeeded`, :func:`rescheduled`, :func:`rate_limited`, :func:`failed`: an
 :class:`~dtq.calls.Outcome`, errors classified by :mod:`dtq.retry`).
 
 Sync handlers run on the daemon threads of a :class:`~dtq.worker.threads.ThreadRunner`
@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -46,7 +47,15 @@ from dtq.waits import HANDLER_QUEUES
 from dtq.worker.outage import TRANSIENT
 from dtq.worker.progress import ProgressReporter
 from dtq.worker.threads import ThreadJob, ThreadRunner
-from dtq_tasks import Handler, RescheduleError, TaskCancelled, TaskContext, TimeLimitExceeded
+from dtq_tasks import (
+    Handler,
+    RateLimited,
+    RescheduleError,
+    TaskCancelled,
+    TaskContext,
+    TimeLimitExceeded,
+)
+from dtq_tasks.errors import retry_after_problem
 from dtq_tasks.registry import ProgressFn
 
 __all__ = [
@@ -57,6 +66,7 @@ __all__ = [
     "failed",
     "ms_since",
     "prepare",
+    "rate_limited",
     "rescheduled",
     "succeeded",
 ]
@@ -192,6 +202,8 @@ class Runner:
             return None
         except RescheduleError as exc:
             outcome = rescheduled(exc, t0)
+        except RateLimited as exc:
+            outcome = rate_limited(exc, start, settings, self._rng, t0)
         except Exception as exc:
             outcome = failed(exc, start, settings, self._rng, t0)
         else:
@@ -399,6 +411,27 @@ def rescheduled(exc: RescheduleError, t0: float) -> Outcome:
         duration_ms=ms_since(t0),
         delay_ms=round(exc.delay_seconds * 1000),
         extend_ms=None if extend is None else round(extend * 1000),
+    )
+
+
+def rate_limited(
+    exc: RateLimited, start: StartReply, settings: Settings, rng: random.Random, t0: float
+) -> Outcome:
+    """The handler was pushed back by an upstream: parked ``retry_after_s`` without spending
+    the attempt (docs/limits.md, "Back-pressure from a handler"). Arguments that are not what
+    :class:`~dtq_tasks.RateLimited` accepts (a subclass can change them) are the handler's
+    error, recorded as such with the reason."""
+    retry_after_s = getattr(exc, "retry_after_s", None)
+    slow = getattr(exc, "slow", None)
+    problem = retry_after_problem(retry_after_s, slow)
+    if problem is not None:
+        return failed(ValueError(problem), start, settings, rng, t0)
+    assert isinstance(retry_after_s, int | float) and isinstance(slow, bool)  # checked above
+    return Outcome(
+        "rate_limited",
+        duration_ms=ms_since(t0),
+        delay_ms=max(1, math.ceil(retry_after_s * 1000)),
+        slow=slow,
     )
 
 

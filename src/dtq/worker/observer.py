@@ -7,8 +7,8 @@ to do its work. Hooks are called on the event loop; an observer must not block o
 
 Attempt results (:attr:`TaskFinished.result`): ``success`` the handler returned; ``timeout`` it
 passed ``timeout_ms`` (or raised TimeoutError); ``failure`` it raised anything else, or asked
-to run later (RescheduleError); ``error`` dtq ended the attempt without the handler's word:
-unknown task type, payload not valid, result not JSON, cancelled while running.
+to run later (RescheduleError, RateLimited); ``error`` dtq ended the attempt without the
+handler's word: unknown task type, payload not valid, result not JSON, cancelled while running.
 """
 
 from __future__ import annotations
@@ -63,11 +63,12 @@ class TaskFinished:
     """An execution ended and finish.lua answered.
 
     ``status``: what finish.lua recorded (succeeded, retrying, failed, dead_lettered,
-    cancelled), ``fenced`` (another worker owns the entry: nothing written) or ``error`` (the
-    finish could not be sent: the entry stays pending). ``result``: how the attempt ended (see
-    the module docstring). ``execution_ms``: the handler's run time, None when it did not run;
+    cancelled, or pending: the handler raised RateLimited), ``fenced`` (another worker owns the
+    entry: nothing written) or ``error`` (the finish could not be sent: the entry stays
+    pending). ``result``: how the attempt ended (see the module docstring). ``execution_ms``:
+    the handler's run time, None when it did not run;
     ``latency_ms``: created -> finished, None when the task's creation time is unknown;
-    ``retry_delay_ms``: the delay of the retry it scheduled.
+    ``retry_delay_ms``: the delay of the retry it scheduled (pending: how long it is parked).
     """
 
     task_id: str

@@ -4,8 +4,9 @@ The engine (:mod:`dtq.worker.worker`) calls :class:`~dtq.worker.worker.WorkerObs
 it knows nothing of Prometheus. Here:
 
 - :class:`MetricsObserver` counts starts, attempts and their results, terminal statuses,
-  latencies, retries scheduled, start-time expirations, and (scheduler leader) retries promoted
-  and tasks expired by the sweep or at promotion, and the limit places its sweep gave back;
+  latencies, retries scheduled, start-time expirations, throttles (a limit's park at start, a
+  handler's RateLimited at finish), and (scheduler leader) retries promoted and tasks expired
+  by the sweep or at promotion, and the limit places its sweep gave back;
 - :class:`LogObserver` writes one structured line per execution (``task_id``, ``task_type``,
   ``queue``, ``attempt``, ``status``, ``duration_ms``, ``event_type``);
 - :class:`WorkerTelemetry` wires both to a worker and serves its ``/metrics`` on
@@ -49,6 +50,7 @@ EVENT_BY_STATUS = {
     "dead_lettered": "TASK_DEAD_LETTERED",
     "cancelled": "TASK_CANCELLED",
     "expired": "TASK_EXPIRED",
+    "pending": "TASK_THROTTLED",  # a handler's RateLimited parked it (docs/limits.md)
 }
 
 
@@ -89,6 +91,8 @@ class MetricsObserver(WorkerObserver):
             self.metrics.task_completed(queue, task_type, status, e2e_s)
         elif status == "retrying":
             self.metrics.retry_scheduled(queue, task_type, event.retry_delay_ms / 1000)
+        elif status == "pending":  # its handler raised RateLimited: parked like a throttle
+            self.metrics.task_throttled(queue, task_type)
 
     def scheduler_batch(self, event: SchedulerBatch) -> None:
         for queue, task_type in event.retried:
@@ -123,6 +127,17 @@ class LogObserver(WorkerObserver):
             return
         fields = _fields(event, status)
         fields["duration_ms"] = event.duration_ms
+        if status == "pending":
+            log.info(
+                "task %s attempt %d: rate limited by its handler after %d ms; parked %d ms, the "
+                "attempt not spent",
+                event.task_id,
+                event.attempt,
+                event.duration_ms,
+                event.retry_delay_ms,
+                extra=fields,
+            )
+            return
         log.info(
             "task %s attempt %d: %s in %d ms",
             event.task_id,
