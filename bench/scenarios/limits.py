@@ -14,8 +14,14 @@ pass, so the figure shows what that hand-over costs). ``limits.concurrency_fast_
 the same with the worker's ``DTQ_SCHEDULER_INTERVAL_S`` at FAST_SCHEDULER_S instead of its
 default, to show how the figure follows that interval.
 
+``limits.fair``: the cost of fairness across keys. FAIR_TENANTS tenants' no-op tasks (the
+payload's ``tenant``), drained by one worker process twice in one run: on a queue without a
+limit, then with a keyed limit loose enough never to throttle (so its queue is served in turn
+by tenant: held tasks, moves). Reported: the fair drain's tasks/s and its ratio to the plain
+one (no target; docs/limits.md, "Fairness across keys").
+
 The limits are written where the workers read them (``keys.limits(queue)``), as every surface
-stores them.
+stores them; the fair one through the SDK, whose script also sets the queue's fairness path.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ WORKER_SLOTS = 64
 DEFAULT_SCHEDULER_S = Settings.model_fields["scheduler_interval_s"].default
 FAST_SCHEDULER_S = 0.05
 ENDED = {s.value for s in TERMINAL}
+FAIR_TENANTS = 100
 
 
 async def _define(env: Env, name: str, limit: LimitDef) -> None:
@@ -155,9 +162,45 @@ async def _concurrency(env: Env, scheduler_interval_s: float) -> Result:
     )
 
 
+async def _fair(env: Env) -> Result:
+    n = env.n(20_000, 2_000)
+    drained: dict[str, dict[str, Any]] = {}
+    for kind in ("plain", "fair"):
+        await env.flush()
+        q = await env.queue()
+        try:
+            if kind == "fair":
+                await q.put_limit("bench-fair", key="payload.tenant", concurrency=1_000_000)
+            ids: list[str] = []
+            for start in range(0, n, 1000):
+                items = [
+                    {"task_type": NOOP_TASK, "payload": {"tenant": f"t{i % FAIR_TENANTS}"}}
+                    for i in range(start, min(n, start + 1000))
+                ]
+                for t in await q.submit_many(items):
+                    if isinstance(t, Exception):
+                        raise t
+                    ids.append(t.task_id)
+        finally:
+            await q.close()
+        drained[kind] = await _drain(env, ids, timeout_s=120 + n / 100)
+    values = drained["fair"]
+    values["plain_rate"] = drained["plain"]["rate"]
+    return Result(
+        "limits.fair",
+        figure="rate",
+        unit="tasks/s",
+        values=values,
+        ratios={"plain": values["rate"] / drained["plain"]["rate"]},
+        note=f"{n:,} no-op tasks of {FAIR_TENANTS} tenants, 1 process, --concurrency "
+        f"{WORKER_SLOTS}: a keyed limit that never throttles against no limit, same run",
+    )
+
+
 async def run(env: Env) -> list[Result]:
     try:
         return [
+            await _fair(env),
             await _rate(env),
             await _concurrency(env, DEFAULT_SCHEDULER_S),
             await _concurrency(env, FAST_SCHEDULER_S),

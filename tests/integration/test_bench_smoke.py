@@ -96,3 +96,4 @@ def test_quick_limits_bench_drains_every_limited_queue(redis_url: str) -> None:
     assert rows["limits.rate"]["n"] == 200 and rows["limits.rate"]["limit_per_s"] == 100
     assert rows["limits.concurrency"]["n"] == 80  # every task SUCCEEDED, counted
     assert rows["limits.concurrency_fast_scheduler"]["ceiling_per_s"] == 800
+    assert rows["limits.fair"]["n"] == 2_000 and rows["limits.fair"]["plain_rate"] > 0

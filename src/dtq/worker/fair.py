@@ -12,7 +12,6 @@ overfill a stream or move a task twice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
@@ -37,6 +36,7 @@ class FairMover:
         self._holding: set[str] = set()  # queues found holding tasks at the last move
         self._poked: set[str] = set()
         self._wake = asyncio.Event()
+        self._full_at = 0.0  # the event loop's time of the last pass over every served queue
 
     def poke(self, queue: str) -> None:
         """A start batch of ``queue`` ran: its streams may have room."""
@@ -45,16 +45,31 @@ class FairMover:
             self._wake.set()
 
     async def run(self, stopping: asyncio.Event) -> None:
-        while not stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
-            self._wake.clear()
-            if self._poked:
-                queues, self._poked = sorted(self._poked), set()
-            else:
-                queues = self._queues
-            for queue in queues:
-                await self.move(queue)
+        """Until the worker stops (at once: the wait ends with ``stopping`` too)."""
+        stop = asyncio.ensure_future(stopping.wait())
+        try:
+            while not stopping.is_set():
+                wake = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait((wake, stop), timeout=TICK_S, return_when="FIRST_COMPLETED")
+                wake.cancel()
+                if stopping.is_set():
+                    return
+                self._wake.clear()
+                await self._pass()
+        finally:
+            stop.cancel()
+
+    async def _pass(self) -> None:
+        """The poked queues; every served queue once a second, however often pokes come (a
+        queue holding tasks behind an empty stream is never poked)."""
+        now = asyncio.get_running_loop().time()
+        if now - self._full_at >= TICK_S:
+            self._full_at = now
+            queues, self._poked = self._queues, set()
+        else:
+            queues, self._poked = sorted(self._poked), set()
+        for queue in queues:
+            await self.move(queue)
 
     async def move(self, queue: str) -> int:
         """Move what fits of ``queue``'s held tasks; how many moved."""
