@@ -30,7 +30,7 @@ from dtq.worker.observer import TaskFinished, TaskStarted, WorkerObserver
 from dtq_tasks import HandlerError, TaskContext
 from support import Events, running_worker, started, wait_until
 from support.wire import LosingConnection, losing_client, reset
-from support.worker import fast, handlers
+from support.worker import fast, handlers, pushed_back_once
 
 pytestmark = pytest.mark.backends("single", "cluster")
 
@@ -98,13 +98,7 @@ async def test_an_attempt_rate_limited_three_times_is_not_spent(
 async def test_it_does_not_start_again_before_retry_after(
     queue: Queue, settings: Settings, r: Redis
 ) -> None:
-    once: set[str] = set()
-
-    async def pushed(payload: dict[str, Any], ctx: TaskContext) -> str:
-        if ctx.task_id not in once:
-            once.add(ctx.task_id)
-            raise RateLimited(1.0)
-        return "ok"
+    pushed = pushed_back_once(RateLimited(1.0), then="ok")
 
     async with running_worker(fast(settings), handlers(call=pushed)):
         task = await queue.submit("call", {})
@@ -168,13 +162,7 @@ async def test_slow_holds_the_key_it_met_and_only_that_key(
 
 
 async def test_slow_with_no_limit_just_parks(queue: Queue, settings: Settings, r: Redis) -> None:
-    once: set[str] = set()
-
-    async def call(payload: dict[str, Any], ctx: TaskContext) -> int:
-        if ctx.task_id not in once:
-            once.add(ctx.task_id)
-            raise RateLimited(0.2, slow=True)
-        return ctx.attempt
+    call = pushed_back_once(RateLimited(0.2, slow=True))
 
     async with Events(r) as events, running_worker(fast(settings), handlers(call=call)):
         task = await queue.submit("call", {}, max_attempts=1)
@@ -304,13 +292,7 @@ async def test_the_next_start_reports_the_park_as_a_throttle_wait(
 ) -> None:
     """What dtq_throttle_wait_seconds observes: the start after the park carries how long the
     task was held back, from the park on the Redis clock."""
-    once: set[str] = set()
-
-    async def call(payload: dict[str, Any], ctx: TaskContext) -> int:
-        if ctx.task_id not in once:
-            once.add(ctx.task_id)
-            raise RateLimited(0.3)
-        return ctx.attempt
+    call = pushed_back_once(RateLimited(0.3))
 
     seen = Finished()
     worker = Worker(fast(settings), handlers=handlers(call=call), observers=[seen])
@@ -333,13 +315,7 @@ async def test_a_lost_reply_of_its_park_is_told_as_the_park(
     """The reply of the finish that parked the task is lost on the wire: sent again, it is
     fenced (the task is PENDING), and the worker tells what the first one recorded (pending),
     then the success of the same attempt number that follows."""
-    once: set[str] = set()
-
-    async def call(payload: dict[str, Any], ctx: TaskContext) -> int:
-        if ctx.task_id not in once:
-            once.add(ctx.task_id)
-            raise RateLimited(0.2)
-        return ctx.attempt
+    call = pushed_back_once(RateLimited(0.2))
 
     reset(killer=r)
     try:

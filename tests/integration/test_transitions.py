@@ -26,7 +26,7 @@ from dtq.errors import TaskRunningError
 from dtq.models import HISTORY_EXTENSIONS, INITIAL, TERMINAL, TRANSITIONS, TaskStatus
 from dtq_tasks import PermanentError, RateLimited, RescheduleError, RetryableError, TaskContext
 from support import running_worker, wait_until
-from support.worker import WorkerProcess, fast, handlers, wait_status
+from support.worker import WorkerProcess, fast, handlers, pushed_back_once, wait_status
 
 Pair = tuple[str | None, str]
 
@@ -65,24 +65,13 @@ async def later(payload: dict[str, Any], ctx: TaskContext) -> None:
     raise RescheduleError(float(payload["s"]))
 
 
-PUSHED_BACK: set[str] = set()
-
-
-async def pushed_back_once(payload: dict[str, Any], ctx: TaskContext) -> str:
-    """Rate limited by its upstream the first time (RUNNING -> PENDING), then runs."""
-    if ctx.task_id not in PUSHED_BACK:
-        PUSHED_BACK.add(ctx.task_id)
-        raise RateLimited(0.1)
-    return "ok"
-
-
 WORKER_HANDLERS = handlers(
     tr_ok=ok,
     tr_flaky=flaky,
     tr_perm=permanent,
     tr_hang=hang,
     tr_later=later,
-    tr_pushed=pushed_back_once,
+    tr_pushed=pushed_back_once(RateLimited(0.1), then="ok"),
 )
 
 

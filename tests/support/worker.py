@@ -34,7 +34,7 @@ from dtq.models import TaskStatus
 from dtq.scripts import Scripts
 from dtq.store import Store
 from dtq.worker import Worker
-from dtq_tasks import Handler
+from dtq_tasks import Handler, RateLimited, TaskContext
 from support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,6 +143,20 @@ async def past_deadline(queue: Queue, when: datetime | None) -> None:
 async def stream_empty(r: Redis, stream: str) -> bool:
     pending = await r.xpending(stream, keys.CONSUMER_GROUP)
     return await r.xlen(stream) == 0 and pending["pending"] == 0
+
+
+def pushed_back_once(push: RateLimited, *, then: Any = None) -> Callable[..., Any]:
+    """A handler whose upstream pushes back the first run of each task (``raise push``), then
+    returns ``then`` (None: the attempt it runs at)."""
+    seen: set[str] = set()
+
+    async def run(payload: dict[str, Any], ctx: TaskContext) -> Any:
+        if ctx.task_id not in seen:
+            seen.add(ctx.task_id)
+            raise push
+        return ctx.attempt if then is None else then
+
+    return run
 
 
 def handlers(**fns: Callable[..., Any]) -> dict[str, Handler]:
