@@ -13,6 +13,7 @@ from dtq.errors import (
     WaitTimeout,
 )
 from dtq.models import HistoryEntry, Task, TaskStatus
+from dtq.workflows import Workflow, WorkflowSpec, chain, chord, group, node
 from dtq_tasks.errors import RateLimited  # the handler contract's one re-export (docs/limits.md)
 
 # The name the waiting API's documentation uses for an unknown or expired task id.
@@ -36,8 +37,14 @@ __all__ = [
     "TaskNotFoundError",
     "TaskStatus",
     "WaitTimeout",
+    "Workflow",
+    "WorkflowSpec",
+    "chain",
+    "chord",
     "connect",
     "connect_sync",
+    "group",
     "load_settings",
+    "node",
 ]
 __version__ = "0.1.0"

@@ -45,12 +45,19 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dtq import admin, waits
 from dtq.admin import limits as admin_limits
 from dtq.admin import schedules as admin_schedules
+from dtq.admin import workflows as admin_workflows
 from dtq.admin.limits import Limit
 from dtq.calls import Audit
 from dtq.clock import redis_time_ms
 from dtq.config import Settings, describe_redis, load_settings, redact_url
 from dtq.connection import async_client, choose_events
-from dtq.errors import ConfigError, DtqError, InvalidTaskError, RedisUnavailableError
+from dtq.errors import (
+    ConfigError,
+    DtqError,
+    InvalidTaskError,
+    InvalidWorkflowError,
+    RedisUnavailableError,
+)
 from dtq.keys import CONSUMER_GROUP, queue_streams
 from dtq.limits import LimitDef
 from dtq.models import (
@@ -71,6 +78,7 @@ from dtq.records import AuditEntry, DeadLetter, QueueStats, WorkerInfo
 from dtq.schedules import HISTORY_CAP, Schedule, ScheduleDef
 from dtq.scripts import Scripts
 from dtq.store import Store, ms_to_dt
+from dtq.workflows import Shape, Workflow, WorkflowSpec
 
 __all__ = [
     "Audit",
@@ -251,6 +259,41 @@ class Queue:
         return await self.store.submit_many(reqs)
 
     # -- reads ----------------------------------------------------------------------------------
+
+    @_redis_errors
+    async def submit_workflow(
+        self,
+        workflow: WorkflowSpec | Shape | Mapping[str, Any],
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        audit: Audit | None = None,
+    ) -> Workflow:
+        """Submit a workflow (docs/workflows.md): a :class:`~dtq.workflows.Shape` built with
+        ``node``/``chain``/``group``/``chord``, a :class:`~dtq.workflows.WorkflowSpec`, or its
+        JSON form. Every node is checked as a submit would check its task (INVALID_WORKFLOW
+        naming the node); the workflow is written in one step and its roots are queued."""
+        if isinstance(workflow, Shape):
+            workflow = workflow.spec(metadata)
+        elif metadata is not None:
+            raise InvalidWorkflowError("metadata is given with a Shape only")
+        return await admin_workflows.submit_workflow(
+            self.store,
+            workflow,
+            known_types=self.known_types,
+            payload_models=self.payload_models,
+            audit=audit,
+        )
+
+    @_redis_errors
+    async def get_workflow(self, workflow_id: str) -> Workflow:
+        """A workflow and the state of each of its nodes; WorkflowNotFoundError."""
+        return await admin_workflows.get_workflow(self.store, workflow_id)
+
+    @_redis_errors
+    async def cancel_workflow(self, workflow_id: str, *, audit: Audit | None = None) -> Workflow:
+        """Cancel a workflow's nodes that have not started and request the cancellation of the
+        running ones; it ends ``cancelled`` once they have ended."""
+        return await admin_workflows.cancel_workflow(self.store, workflow_id, audit=audit)
 
     @_redis_errors
     async def get(self, task_id: str) -> Task:
@@ -665,6 +708,9 @@ class SyncQueue:
     submit_fields = _blocking(Queue.submit_fields)
     submit_many = _blocking(Queue.submit_many)
     get = _blocking(Queue.get)
+    submit_workflow = _blocking(Queue.submit_workflow)
+    get_workflow = _blocking(Queue.get_workflow)
+    cancel_workflow = _blocking(Queue.cancel_workflow)
     wait = _blocking(Queue.wait)
     result = _blocking(Queue.result)
     wait_many = _blocking(Queue.wait_many)

@@ -38,6 +38,7 @@ __all__ = [
     "IdempotencyInProgressError",
     "InvalidTaskError",
     "InvalidTransitionError",
+    "InvalidWorkflowError",
     "LimitNotFoundError",
     "NotInDeadLetterError",
     "PayloadTooLargeError",
@@ -58,6 +59,7 @@ __all__ = [
     "UnknownTaskTypeError",
     "WaitTimeout",
     "WorkerNotFoundError",
+    "WorkflowNotFoundError",
 ]
 
 
@@ -131,6 +133,19 @@ class LimitNotFoundError(DtqError):
 
 class TaskNotFoundError(DtqError):
     code = "TASK_NOT_FOUND"
+
+
+class InvalidWorkflowError(DtqError):
+    """A workflow that cannot run as given (docs/workflows.md): no node, a name given twice,
+    a dependency on an unknown node or on itself, a cycle, or a node whose task is invalid."""
+
+    code = "INVALID_WORKFLOW"
+
+
+class WorkflowNotFoundError(DtqError):
+    """No workflow has this id, or it ended more than its retention ago."""
+
+    code = "WORKFLOW_NOT_FOUND"
 
 
 class ResultExpired(TaskNotFoundError):

@@ -88,7 +88,10 @@ __all__ = [
     "use_layout",
     "use_sharded_events",
     "waiter",
+    "wf_outbox",
     "worker",
+    "workflow",
+    "workflow_nodes",
 ]
 
 PREFIX = "dtq:"
@@ -357,6 +360,31 @@ def limit_sweep(queue: str) -> str:
     """Who sweeps the places of ``queue``'s concurrency limits now (a string with a TTL of one
     sweep interval, ``SET NX``): one worker per queue and interval does it."""
     return _q(queue) + "limits:sweep" if _CLUSTER else "dtq:limits:sweep:" + queue
+
+
+def wf_outbox(queue: str) -> str:
+    """Deliberate extension (docs/workflows.md): the ends of ``queue``'s workflow nodes, one
+    entry {task_id, status, key} written by the script that ended the task (``retain`` in
+    _lib.lua), and a workflow's release entry {kind, workflow_id} in its home queue's. Read by
+    the workers' relay (group ``workers``), each entry deleted once applied."""
+    return _q(queue) + "wfbox" if _CLUSTER else f"dtq:wfbox:{queue}"
+
+
+# -- a workflow's keys (docs/workflows.md) ------------------------------------------------------
+
+
+def workflow(workflow_id: str) -> str:
+    """A workflow's hash (workflow.lua). Its id is made like a task id of its home queue (the
+    first node's), so in the cluster layout it carries the same kind of tag and shares that
+    queue's slot."""
+    if _CLUSTER:
+        return "dtq:{" + workflow_id[:TAG_DIGITS] + "}:workflow:" + workflow_id
+    return f"dtq:workflow:{workflow_id}"
+
+
+def workflow_nodes(workflow_id: str) -> str:
+    """A workflow's nodes (workflow.lua), in its hash's slot."""
+    return workflow(workflow_id) + ":nodes"
 
 
 # -- a task's keys ------------------------------------------------------------------------------

@@ -83,6 +83,7 @@ SCRIPT_NAMES = (
     "limit_delete",
     "fair_move",
     "limit_sweep",
+    "workflow",
 )
 
 # Scripts that run another script's code as a local function: fire.lua makes a tick's task

@@ -124,13 +124,27 @@ class Store:
                 raise result
         return cast(builtins.list[Task | DtqError], results)
 
-    async def _submit_each(self, reqs: Sequence[SubmitRequest]) -> builtins.list[_Outcome]:
+    async def submit_with_ids(
+        self, reqs: Sequence[SubmitRequest], ids: Sequence[str]
+    ) -> list[Task | DtqError]:
+        """:meth:`submit_many` with the task ids chosen by the caller (each made by
+        :func:`dtq.calls.new_task_id` for its queue): a workflow's nodes have their ids from
+        the workflow's submit, before their tasks exist."""
+        results = await self._submit_each(reqs, ids)
+        for result in results:
+            if isinstance(result, ResponseError):
+                raise result
+        return cast(builtins.list[Task | DtqError], results)
+
+    async def _submit_each(
+        self, reqs: Sequence[SubmitRequest], given: Sequence[str] | None = None
+    ) -> builtins.list[_Outcome]:
         """:meth:`submit_many` with a Redis error as the result of the items it failed (one
         item; every item of a script call that raised), so that concurrent submits sharing a
         batch each get their own outcome. A lost connection is raised: no outcome is known."""
         if not reqs:
             return []
-        ids = [new_task_id(req.queue) for req in reqs]
+        ids = list(given) if given is not None else [new_task_id(req.queue) for req in reqs]
         submitted = await calls.submit(self, reqs, ids)
         replies = submitted.replies
         if keys.cluster_layout():

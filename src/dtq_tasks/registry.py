@@ -20,6 +20,7 @@ from dtq.errors import InvalidTaskError
 from dtq.limits import LimitDef
 from dtq.models import QUEUE_RE, TASK_TYPE_RE, check_progress
 from dtq.schedules import ScheduleDef
+from dtq.workflows import ParentResult
 from dtq_tasks.errors import RateLimited
 from dtq_tasks.typed import AsyncTaskDef, SyncTaskDef, TaskDef
 
@@ -80,6 +81,12 @@ class TaskContext:
     # for (a manual firing: when it was triggered). None for any other task.
     schedule: str | None = None
     scheduled_for: datetime | None = None
+    # A node of a workflow (docs/workflows.md): the workflow's id, the node's name, and the end
+    # of each of its parents by name (with its result when it succeeded). None and {} for any
+    # other task.
+    workflow_id: str | None = None
+    node: str | None = None
+    parent_results: Mapping[str, ParentResult] = field(default_factory=dict)
     # The worker's progress reporter; None (a context made by hand, a unit test): progress()
     # checks its arguments and records nothing.
     _progress: ProgressFn | None = field(default=None, repr=False, compare=False)

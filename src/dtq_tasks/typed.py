@@ -37,10 +37,12 @@ from typing import Any, Generic, ParamSpec, TypeVar, Unpack
 
 from pydantic import BaseModel, TypeAdapter
 
+from dtq import workflows
 from dtq.client import Queue, SyncQueue
 from dtq.errors import InvalidTaskError
 from dtq.models import SubmitOptions, Task, validate_payload
 from dtq.waits import DEFAULT_WAIT_S
+from dtq.workflows import Shape
 
 __all__ = ["AsyncTaskDef", "SyncTaskDef", "SyncTaskHandle", "TaskDef", "TaskHandle"]
 
@@ -146,6 +148,13 @@ class TaskDef(Generic[PayloadT, R]):
         """:meth:`submit_fields` through a :class:`dtq.SyncQueue`."""
         task = q.submit(self.name, self._fields(fields), **options)
         return SyncTaskHandle(q, task, self.result_of)
+
+    def node(self, name: str, payload: PayloadT | None = None, /, **options: Any) -> Shape:
+        """A workflow node of this type (:func:`dtq.workflows.node`), its payload typed like
+        :meth:`submit`'s; compose it with ``chain``/``group``/``chord`` and submit the shape
+        with ``Queue.submit_workflow``. A node reads its typed parents' results with
+        ``handle.result_of(ctx.parent_results[name].result)``."""
+        return workflows.node(name, self.name, self._payload(payload), **options)
 
     def result_of(self, value: Any) -> R:
         """A stored JSON result as the handler's return type (see the module's docstring);

@@ -36,6 +36,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from dtq import calls, keys
+from dtq.admin.workflows import parent_results
 from dtq.calls import Entry, Outcome, StartReply
 from dtq.clock import RedisClock
 from dtq.config import Settings
@@ -47,6 +48,7 @@ from dtq.waits import HANDLER_QUEUES
 from dtq.worker.outage import TRANSIENT
 from dtq.worker.progress import ProgressReporter
 from dtq.worker.threads import ThreadJob, ThreadRunner
+from dtq.workflows import parse_node_key
 from dtq_tasks import (
     Handler,
     RateLimited,
@@ -179,6 +181,14 @@ class Runner:
         )
         if isinstance(call, Outcome):
             return call
+        node = parse_node_key(entry.idempotency_key)
+        if node is not None:
+            # A workflow's node reads its parents' ends before it runs (docs/workflows.md).
+            try:
+                parents = await parent_results(self.store, *node)
+            except Exception as exc:  # Redis went away: a retryable error like any other
+                return failed(exc, start, settings, self._rng)
+            call.ctx = replace(call.ctx, workflow_id=node[0], node=node[1], parent_results=parents)
         t0 = time.monotonic()
         ex.handler_task = asyncio.create_task(self._call(ex, call))
         if ex.cancel_reason is not None:  # cancelled before the handler got going

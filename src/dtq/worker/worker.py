@@ -70,6 +70,7 @@ from dtq.worker.limits import PlaceSweeper
 from dtq.worker.observer import PlacesSwept, ScheduleDecisions, SchedulerBatch, WorkerObserver
 from dtq.worker.outage import TRANSIENT, RedisOutage
 from dtq.worker.scheduler import Scheduler, TickResult
+from dtq.worker.workflows import WorkflowRelay
 from dtq_tasks import Handler, code_limits, code_schedules, registry
 
 __all__ = ["READ_BATCH", "Worker", "WorkerObserver", "new_worker_id"]
@@ -148,6 +149,9 @@ class Worker:
         )
         self.intake = Intake(
             self.store, settings, self.worker_id, self.queues, self.execution, self._stopping
+        )
+        self.workflows = WorkflowRelay(
+            self.store, self.worker_id, self.queues, settings.visibility_timeout_s
         )
         self.heartbeat = Heartbeat(
             settings,
@@ -239,6 +243,7 @@ class Worker:
         watcher = asyncio.create_task(self._supervise("cancel", self._cancel_loop))
         intake.append(asyncio.create_task(self._supervise("limits", self._limits_loop)))
         intake.append(asyncio.create_task(self._supervise("fair", self._fair_loop)))
+        intake.append(asyncio.create_task(self._supervise("workflows", self._workflow_loop)))
         try:
             self.heartbeat.set_status("running")
             await asyncio.to_thread(self.heartbeat.publish_started)
@@ -491,6 +496,10 @@ class Worker:
     async def _fair_loop(self) -> None:
         """Move the held tasks of the fair queues into their streams (docs/limits.md)."""
         await self.execution.fair.run(self._stopping)
+
+    async def _workflow_loop(self) -> None:
+        """Relay the ends of workflow nodes to their workflows (docs/workflows.md)."""
+        await self.workflows.run(self._stopping)
 
     async def _cancel_loop(self) -> None:
         while True:
