@@ -37,6 +37,7 @@ from bench.scenarios import (
     scaling,
     schedules,
     waits,
+    workflows,
 )
 from dtq.devserver import start_redis
 
@@ -57,6 +58,7 @@ SCENARIOS: dict[str, Scenario] = {
     "waits": waits.run,
     "limits": limits.run,
     "cluster": cluster.run,
+    "workflows": workflows.run,
 }
 
 HEADER = (

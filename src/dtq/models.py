@@ -180,6 +180,12 @@ EVENT_TYPES = (
     "TASK_PROGRESS",
     # Deliberate extension (docs/limits.md): a task over one of its limits was parked.
     "TASK_THROTTLED",
+    # Deliberate extensions (docs/workflows.md): a workflow was submitted, and how it ended.
+    "WORKFLOW_SUBMITTED",
+    "WORKFLOW_SUCCEEDED",
+    "WORKFLOW_FAILED",
+    "WORKFLOW_CANCELLED",
+    "WORKFLOW_EXPIRED",
 )
 
 

@@ -313,7 +313,7 @@ class ParentResult:
 
     @property
     def succeeded(self) -> bool:
-        return self.status == "SUCCEEDED"
+        return self.status == "succeeded"
 
 
 class WorkflowNode(BaseModel):
@@ -322,8 +322,9 @@ class WorkflowNode(BaseModel):
     queue: str
     task_type: str
     status: str = Field(
-        description="WAITING (its dependencies have not allowed it yet), SKIPPED, or its "
-        "task's status once released (QUEUED, RUNNING, SUCCEEDED, DEAD_LETTERED, ...)"
+        description="waiting (its dependencies have not allowed it yet), skipped, or its "
+        "task's status once released (queued, running, succeeded, dead_lettered, ...; released "
+        "for the moment before its task is queued)"
     )
     after: list[Edge]
     error_class: str | None = None

@@ -69,11 +69,11 @@ async def test_a_chain_hands_each_result_to_the_next(
     )
     wf = await queue.submit_workflow(shape, metadata={"owner": "tests"})
     assert wf.status == "running" and wf.metadata == {"owner": "tests"}
-    assert states(wf) == {"a": "QUEUED", "b": "WAITING", "c": "WAITING"}
+    assert states(wf) == {"a": "queued", "b": "waiting", "c": "waiting"}
     async with running_worker(fast(settings), handlers(step=log.step)):
         wf = await ended(queue, wf.workflow_id)
     assert wf.status == "succeeded" and wf.finished_at is not None
-    assert states(wf) == {"a": "SUCCEEDED", "b": "SUCCEEDED", "c": "SUCCEEDED"}
+    assert states(wf) == {"a": "succeeded", "b": "succeeded", "c": "succeeded"}
     assert log.calls == ["a", "b", "c"]
     assert log.parents["a"] == {}
     b_parent = log.parents["b"]["a"]
@@ -92,9 +92,9 @@ async def test_a_chain_hands_each_result_to_the_next(
 @pytest.mark.parametrize(
     ("policy", "d_status", "wf_status"),
     [
-        ("fail", "CANCELLED", "failed"),
-        ("continue", "SUCCEEDED", "succeeded"),
-        ("skip", "SKIPPED", "succeeded"),
+        ("fail", "cancelled", "failed"),
+        ("continue", "succeeded", "succeeded"),
+        ("skip", "skipped", "succeeded"),
     ],
 )
 async def test_a_diamond_follows_the_policy_of_the_failed_edge(
@@ -121,14 +121,14 @@ async def test_a_diamond_follows_the_policy_of_the_failed_edge(
     async with running_worker(fast(settings), handlers(step=log.step)):
         wf = await ended(queue, wf.workflow_id)
     got = states(wf)
-    assert got["a"] == "SUCCEEDED" and got["c"] == "SUCCEEDED"
-    assert got["b"] == "DEAD_LETTERED"
+    assert got["a"] == "succeeded" and got["c"] == "succeeded"
+    assert got["b"] == "dead_lettered"
     assert got["d"] == d_status
     assert wf.status == wf_status
     d = next(n for n in wf.nodes if n.name == "d")
     if policy == "continue":
         seen = log.parents["d"]
-        assert seen["b"].status == "DEAD_LETTERED" and not seen["b"].succeeded
+        assert seen["b"].status == "dead_lettered" and not seen["b"].succeeded
         assert seen["b"].error_message and "b fails" in seen["b"].error_message
         assert seen["c"].succeeded
     else:
@@ -155,13 +155,13 @@ async def test_a_skip_cascades_by_each_dependents_own_policy(
     async with running_worker(fast(settings), handlers(step=log.step)):
         wf = await ended(queue, wf.workflow_id)
     assert states(wf) == {
-        "a": "DEAD_LETTERED",
-        "b": "SKIPPED",
-        "c": "SKIPPED",
-        "d": "SKIPPED",
-        "e": "SUCCEEDED",
+        "a": "dead_lettered",
+        "b": "skipped",
+        "c": "skipped",
+        "d": "skipped",
+        "e": "succeeded",
     }
-    assert log.parents["e"]["b"].status == "SKIPPED"
+    assert log.parents["e"]["b"].status == "skipped"
     assert wf.status == "succeeded"  # a's failure was handled by a skip edge
 
 
@@ -172,7 +172,7 @@ async def test_an_unhandled_failure_fails_the_workflow(queue: Queue, settings: S
     async with running_worker(fast(settings), handlers(step=log.step)):
         wf = await ended(queue, wf.workflow_id)
     assert wf.status == "failed"
-    assert states(wf) == {"a": "SUCCEEDED", "b": "DEAD_LETTERED"}
+    assert states(wf) == {"a": "succeeded", "b": "dead_lettered"}
 
 
 async def test_a_chord_callback_gets_every_result_once(queue: Queue, settings: Settings) -> None:
@@ -235,7 +235,7 @@ async def test_cancelling_a_workflow_cancels_what_has_not_ended(
         assert wf.cancel_requested
         wf = await ended(queue, wf.workflow_id)
     assert wf.status == "cancelled"
-    assert states(wf) == {"a": "CANCELLED", "b": "CANCELLED", "c": "CANCELLED"}
+    assert states(wf) == {"a": "cancelled", "b": "cancelled", "c": "cancelled"}
     assert running == ["a"]
     # An ended workflow is returned as it is.
     again = await queue.cancel_workflow(wf.workflow_id)
@@ -283,7 +283,7 @@ async def test_a_node_refused_at_its_release_fails_its_workflow(
         await wait_until(past, what="b's expiry to pass")
         gate.set()
         wf = await ended(queue, wf.workflow_id)
-    assert states(wf) == {"a": "SUCCEEDED", "b": "EXPIRED"}
+    assert states(wf) == {"a": "succeeded", "b": "expired"}
     assert wf.status == "expired"
 
 

@@ -292,7 +292,7 @@ async def apply_entry(store: Store, queue: str, fields: Mapping[str, str]) -> No
 
 
 async def get_workflow(store: Store, workflow_id: str) -> Workflow:
-    """The workflow with each node's state: WAITING, SKIPPED, or its task's status (RELEASED
+    """The workflow with each node's state: waiting, skipped, or its task's status (released
     for the moment between its release and its task's submit)."""
     pipe = store.redis.pipeline(transaction=False)
     pipe.hgetall(keys.workflow(workflow_id))
@@ -301,14 +301,14 @@ async def get_workflow(store: Store, workflow_id: str) -> Workflow:
     if not wf or "names" not in wf:
         raise WorkflowNotFoundError(f"workflow {workflow_id} not found", workflow_id=workflow_id)
     names: list[str] = json.loads(wf["names"])
-    with_task = [n for n in names if nodes.get(f"{n}:st") not in ("WAITING", "SKIPPED", None)]
+    with_task = [n for n in names if nodes.get(f"{n}:st") not in ("waiting", "skipped", None)]
     pipe = store.redis.pipeline(transaction=False)
     for n in with_task:
         pipe.hmget(keys.task(nodes[f"{n}:task"]), "status", "error_class", "error_message")
     tasks = dict(zip(with_task, await pipe.execute() if with_task else [], strict=True))
     out: list[WorkflowNode] = []
     for n in names:
-        st = nodes.get(f"{n}:st", "WAITING")
+        st = nodes.get(f"{n}:st", "waiting")
         err = json.loads(nodes[f"{n}:err"]) if f"{n}:err" in nodes else {}
         error_class, error_message = err.get("class"), err.get("message")
         t = tasks.get(n)
@@ -403,7 +403,7 @@ async def parent_results(store: Store, workflow_id: str, node: str) -> dict[str,
         st, err_json = ends.get(p, (None, None))
         err = json.loads(err_json) if err_json else {}
         out[p] = ParentResult(
-            status=st or "UNKNOWN",
+            status=st or "unknown",
             error_class=err.get("class"),
             error_message=err.get("message"),
         )

@@ -3,10 +3,10 @@
 --   dtq:workflow:<wid>        status (running|succeeded|failed|cancelled|expired), created_at,
 --                             updated_at, finished_at (epoch ms), total, done (nodes ended),
 --                             home (queue), cancel_requested ("1"), unhandled (the worst end
---                             nothing handled: FAILED, EXPIRED or CANCELLED), metadata (JSON),
+--                             nothing handled: failed, dead_lettered, expired or cancelled), metadata (JSON),
 --                             names (JSON list of the node names, in the order given)
---   dtq:workflow:<wid>:nodes  per node N: N:st (WAITING, RELEASED, SKIPPED, or the end of its
---                             task: SUCCEEDED FAILED DEAD_LETTERED CANCELLED EXPIRED), N:left
+--   dtq:workflow:<wid>:nodes  per node N: N:st (waiting, released, skipped, or the end of its
+--                             task: succeeded failed dead_lettered cancelled expired), N:left
 --                             (dependencies not yet ended in a way their edge allows), N:kids
 --                             (JSON [[child, policy]]), N:after (JSON [[parent, policy, task]]),
 --                             N:task (its task id, made at submit), N:queue, N:type, N:req (the
@@ -14,7 +14,7 @@
 --                             node the workflow ended itself)
 -- Both have no TTL while the workflow runs and DTQ_TASK_RETENTION_S from its end.
 --
--- A node becomes RELEASED when its last dependency ends (its counter reaches 0): the caller
+-- A node becomes released when its last dependency ends (its counter reaches 0): the caller
 -- then submits its task (idempotency key dtq-wf:<wid>:<node>, so a repeated release is
 -- absorbed). The scripts that end a node's task append that end to its queue's outbox
 -- (dtq:wfbox:<queue>, retain in _lib); the workers relay each entry to op "end" here.
@@ -30,10 +30,10 @@
 -- op "cancel": [6] actor  [7] request id.
 -- "end", "released" and "cancel" return {status, released, succeeded, running}:
 --   released = flat {name, task id, queue, req, ...} of the nodes to submit: the ones this
---   step released, or, when it changed nothing (a repeated end, op "released"), every RELEASED
---   node; succeeded = the task ids of the SUCCEEDED nodes once the workflow has ended (their
+--   step released, or, when it changed nothing (a repeated end, op "released"), every released
+--   node; succeeded = the task ids of the succeeded nodes once the workflow has ended (their
 --   results get their retention then); running = (cancel) flat {task id, node} of the
---   RELEASED nodes.
+--   released nodes.
 --   {"gone"} when the workflow's hashes are gone.
 local op, wid, channel, event_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retention = tonumber(ARGV[5])
@@ -64,7 +64,7 @@ if op == 'create' then
     end
     local p = n.name .. ':'
     local left = #n.after
-    local nf = {p .. 'st', left == 0 and 'RELEASED' or 'WAITING', p .. 'left', left,
+    local nf = {p .. 'st', left == 0 and 'released' or 'waiting', p .. 'left', left,
       p .. 'after', cjson.encode(after), p .. 'task', n.task, p .. 'queue', n.queue,
       p .. 'type', n.type, p .. 'req', n.req}
     for _, v in ipairs(nf) do flat[#flat + 1] = v end
@@ -80,7 +80,7 @@ if op == 'create' then
     'names', cjson.encode(names))
   local entry = redis.call('XADD', KEYS[3], '*', 'kind', 'release', 'workflow_id', wid)
   audit(KEYS[4], ARGV[8], ARGV[9], 'workflow_submit', wid, nodes[1].queue, iso(now))
-  emit(channel, event_id, iso(now), 'WORKFLOW_SUBMITTED', '', nodes[1].queue, '', 0, nil,
+  emit(channel, event_id, iso(now), 'WORKFLOW_SUBMITTED', cjson.null, nodes[1].queue, cjson.null, 0, nil,
     {workflow_id = wid, status = 'running', nodes = #nodes})
   return {entry}
 end
@@ -89,7 +89,7 @@ local wf = redis.call('HMGET', KW, 'status', 'cancel_requested', 'home', 'total'
 if not wf[1] then return {'gone'} end
 local status, cancel_requested, home = wf[1], wf[2] == '1', wf[3]
 
-local RANK = {CANCELLED = 1, EXPIRED = 2, FAILED = 3, DEAD_LETTERED = 3}
+local RANK = {cancelled = 1, expired = 2, failed = 3, dead_lettered = 3}
 local released, changed = {}, false
 
 local function field(n, f) return redis.call('HGET', KN, n .. ':' .. f) end
@@ -100,7 +100,7 @@ local function unhandled(s)
 end
 
 local function release(n)
-  redis.call('HSET', KN, n .. ':st', 'RELEASED')
+  redis.call('HSET', KN, n .. ':st', 'released')
   released[#released + 1] = n
 end
 
@@ -113,33 +113,33 @@ local function finish(name, s, err_class, err_message)
     local item = table.remove(work)
     local n, st = item[1], item[2]
     local cur = field(n, 'st')
-    if cur == 'WAITING' or cur == 'RELEASED' then
+    if cur == 'waiting' or cur == 'released' then
       changed = true
       redis.call('HSET', KN, n .. ':st', st)
       if item[3] and item[3] ~= '' then
         redis.call('HSET', KN, n .. ':err', cjson.encode({class = item[3], message = item[4]}))
       end
       redis.call('HINCRBY', KW, 'done', 1)
-      local ok, skipped = st == 'SUCCEEDED', st == 'SKIPPED'
+      local ok, skipped = st == 'succeeded', st == 'skipped'
       local kids = cjson.decode(field(n, 'kids'))
       if not ok and not skipped and #kids == 0 then unhandled(st) end
       for _, k in ipairs(kids) do
         local kid, policy = k[1], k[2]
         if ok or policy == 'continue' then
           local left = redis.call('HINCRBY', KN, kid .. ':left', -1)
-          if left <= 0 and field(kid, 'st') == 'WAITING' then
+          if left <= 0 and field(kid, 'st') == 'waiting' then
             if cancel_requested then
-              work[#work + 1] = {kid, 'CANCELLED', 'WorkflowCancelled', 'the workflow was cancelled'}
+              work[#work + 1] = {kid, 'cancelled', 'WorkflowCancelled', 'the workflow was cancelled'}
             else
               release(kid)
             end
           end
         elseif skipped or policy == 'skip' then
-          work[#work + 1] = {kid, 'SKIPPED', 'DependencySkipped',
+          work[#work + 1] = {kid, 'skipped', 'DependencySkipped',
             'dependency ' .. n .. ' ended ' .. st}
         else
           unhandled(st)
-          work[#work + 1] = {kid, 'CANCELLED', 'DependencyFailed',
+          work[#work + 1] = {kid, 'cancelled', 'DependencyFailed',
             'dependency ' .. n .. ' ended ' .. st}
         end
       end
@@ -181,14 +181,13 @@ local function maybe_end()
   if tonumber(w[1]) < tonumber(w[2]) then return end
   local u = w[3]
   if cancel_requested then status = 'cancelled'
-  elseif u == 'FAILED' or u == 'DEAD_LETTERED' then status = 'failed'
-  elseif u == 'EXPIRED' then status = 'expired'
-  elseif u == 'CANCELLED' then status = 'cancelled'
+  elseif u == 'dead_lettered' then status = 'failed'
+  elseif u then status = u
   else status = 'succeeded' end
   redis.call('HSET', KW, 'status', status, 'finished_at', now)
   redis.call('EXPIRE', KW, retention)
   redis.call('EXPIRE', KN, retention)
-  emit(channel, event_id, iso(now), 'WORKFLOW_' .. string.upper(status), '', home, '', 0, nil,
+  emit(channel, event_id, iso(now), 'WORKFLOW_' .. string.upper(status), cjson.null, home, cjson.null, 0, nil,
     {workflow_id = wid, status = status})
 end
 
@@ -196,7 +195,7 @@ local function reply(running)
   if changed then redis.call('HSET', KW, 'updated_at', now) end
   local succeeded = {}
   if status ~= 'running' then
-    each_node(function(_, st, task) if st == 'SUCCEEDED' then succeeded[#succeeded + 1] = task end end)
+    each_node(function(_, st, task) if st == 'succeeded' then succeeded[#succeeded + 1] = task end end)
   end
   return {status, released_reply(released), succeeded, running or {}}
 end
@@ -205,15 +204,15 @@ if op == 'end' then
   finish(ARGV[6], ARGV[7], ARGV[8], ARGV[9])
   if not changed then
     -- A repeated end (the relay crashed before it submitted what this end released): every
-    -- RELEASED node is submitted again; their idempotency keys absorb the ones already in.
-    each_node(function(n, st) if st == 'RELEASED' then released[#released + 1] = n end end)
+    -- released node is submitted again; their idempotency keys absorb the ones already in.
+    each_node(function(n, st) if st == 'released' then released[#released + 1] = n end end)
   end
   maybe_end()
   return reply()
 end
 
 if op == 'released' then
-  each_node(function(n, st) if st == 'RELEASED' then released[#released + 1] = n end end)
+  each_node(function(n, st) if st == 'released' then released[#released + 1] = n end end)
   return reply()
 end
 
@@ -228,14 +227,14 @@ if op == 'cancel' then
     end
     local waiting = {}
     each_node(function(n, st, task)
-      if st == 'WAITING' then waiting[#waiting + 1] = n
-      elseif st == 'RELEASED' then
+      if st == 'waiting' then waiting[#waiting + 1] = n
+      elseif st == 'released' then
         running[#running + 1] = task
         running[#running + 1] = n
       end
     end)
     for _, n in ipairs(waiting) do
-      finish(n, 'CANCELLED', 'WorkflowCancelled', 'the workflow was cancelled')
+      finish(n, 'cancelled', 'WorkflowCancelled', 'the workflow was cancelled')
     end
     maybe_end()
   end
