@@ -416,6 +416,7 @@ class QueueKeys:
     dead_letter: str
     retry_schedule: str
     events: str
+    wf_outbox: str
 
 
 def queue_keys(queue: str) -> QueueKeys:
@@ -432,6 +433,7 @@ def _queue_keys(queue: str, cluster: bool, sharded: bool) -> QueueKeys:
         keys.dead_letter(queue),
         keys.retry_schedule(queue),
         keys.events(queue),
+        keys.wf_outbox(queue),
     )
 
 
@@ -629,6 +631,7 @@ async def start_many(
             qk.dead_letter,
             keys.payload(e.task_id),
             keys.done(e.task_id),
+            qk.wf_outbox,
         ]
         argv: list[Any] = [
             e.task_id,
@@ -726,6 +729,7 @@ def finish_call(
         qk.cancelled,
         keys.payload(entry.task_id),
         keys.done(entry.task_id),
+        qk.wf_outbox,
     ]
     argv: list[Any] = [
         entry.task_id,
@@ -918,6 +922,7 @@ async def promote_many(
                 keys.payload(task_id),
                 keys.done(task_id),
                 *_queue_block(queue),
+                keys.wf_outbox(queue),
             ],
             [task_id, s.task_retention_s, s.idem_ttl_s, keys.events(queue), new_id()],
         )
@@ -978,8 +983,9 @@ def _expire_call(
                 keys.stream(queue, priority),
                 keys.idempotency(queue, idem),
                 keys.fair_held(queue),
+                keys.wf_outbox(queue),
             ]
-            argv += [task_id, new_id(), 7]
+            argv += [task_id, new_id(), 8]
     return ("expire", key_list, argv)
 
 
@@ -1064,6 +1070,7 @@ async def cancel(
             keys.payload(task_id),
             keys.done(task_id),
             keys.fair_held(queue),
+            keys.wf_outbox(queue),
         ],
         [
             task_id,
@@ -1253,6 +1260,7 @@ async def purge_queue(
         keys.audit(queue),
         *keys.queue_streams(queue),
         keys.fair_held(queue),
+        keys.wf_outbox(queue),
     ]
     args: list[Any] = [queue, s.task_retention_s, s.idem_ttl_s, keys.events(queue), *_audit(audit)]
     for c in candidates:

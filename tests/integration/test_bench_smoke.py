@@ -97,3 +97,10 @@ def test_quick_limits_bench_drains_every_limited_queue(redis_url: str) -> None:
     assert rows["limits.concurrency"]["n"] == 80  # every task SUCCEEDED, counted
     assert rows["limits.concurrency_fast_scheduler"]["ceiling_per_s"] == 800
     assert rows["limits.fair"]["n"] == 2_000 and rows["limits.fair"]["plain_rate"] > 0
+
+
+def test_quick_workflows_bench_ends_its_fan_in(redis_url: str) -> None:
+    row = {r["scenario"]: r for r in quick_bench(redis_url, ["workflows"])}["workflows.fan_in"]
+    assert row["nodes"] == 52  # root, 50 members, callback: the workflow succeeded
+    assert row["submit_ms"] > 0 and row["redis_cpu_us_per_node"] > 0
+    assert row["plain_tasks_per_s"] > 0 and row["ratios"]["plain"] > 0

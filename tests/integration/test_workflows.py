@@ -199,7 +199,7 @@ async def test_a_retried_step_never_reruns_the_step_before_it(
     async def second(payload: dict[str, Any], ctx: TaskContext) -> str:
         calls["second"] += 1
         if ctx.attempt <= 2:
-            raise RetryableError("not yet", retry_after=0.05)
+            raise RetryableError("not yet")
         return f"{ctx.parent_results['first'].result} and used"
 
     wf = await queue.submit_workflow(

@@ -153,7 +153,12 @@ async def submit_workflow(
         for n in nodes
         if not n["after"]
     ]
-    await _submit(store, workflow_id, home, roots)
+    try:
+        await _submit(store, workflow_id, home, roots)
+    except QueueFullError:
+        # A root's queue is full: the workflow exists, its release entry stays, and the
+        # workers' relay queues the roots once there is room (they show "released" meanwhile).
+        return await get_workflow(store, workflow_id)
     # The release entry is there for a submitter that died before this point: the workers'
     # relay then submits the roots. Submitted, it is not needed.
     await store.redis.xdel(keys.wf_outbox(home), entry_id)

@@ -178,15 +178,24 @@ end
 -- When a producer waits for it (wait.lua set the hash's `waited` field), the terminal state is
 -- also pushed to them, in this same script: done_key (dtq:task:<id>:done) becomes a stream of
 -- one entry {status} with the hash's lifetime, which the waiters' XREAD BLOCK on it returns.
--- A task nobody waits for pays one HEXISTS. Scripts that leave a task terminal as it was (a
--- DLQ discard or purge) pass no done_key.
-local function retain(hash_key, old_payload_key, retention_s, done_key)
+-- A node of a workflow (idempotency key "dtq-wf:<wid>:<node>", docs/workflows.md) has its end
+-- appended to its queue's outbox (outbox_key, dtq:wfbox:<queue>) in this same script: one
+-- entry {task_id, status, key}, which the workers' relay applies to the workflow and then
+-- deletes (the stream holds the ends not applied yet). Any other task pays one HMGET of four
+-- fields for both. Scripts that leave a task terminal as it was (a DLQ discard or purge) pass
+-- neither key: its end was told when it was reached.
+local function retain(hash_key, old_payload_key, retention_s, done_key, outbox_key)
   own_payload(hash_key, old_payload_key)
   redis.call('EXPIRE', hash_key, retention_s)
-  if done_key and redis.call('HEXISTS', hash_key, 'waited') == 1 then
+  if not done_key then return end
+  local h = redis.call('HMGET', hash_key, 'waited', 'idempotency_key', 'status', 'task_id')
+  if h[1] then
     redis.call('DEL', done_key)
-    redis.call('XADD', done_key, '*', 'status', redis.call('HGET', hash_key, 'status'))
+    redis.call('XADD', done_key, '*', 'status', h[3])
     redis.call('EXPIRE', done_key, retention_s)
+  end
+  if outbox_key and h[2] and string.sub(h[2], 1, 7) == 'dtq-wf:' then
+    redis.call('XADD', outbox_key, '*', 'task_id', h[4] or '', 'status', h[3], 'key', h[2])
   end
 end
 

@@ -11,6 +11,7 @@
 -- KEYS[10] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- KEYS[11] = dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
 -- KEYS[12] = the queue's held zset (a task held by fairness leaves it: docs/limits.md)
+-- KEYS[13] = the queue's workflow outbox (a workflow node's end: retain in _lib)
 -- ARGV[1] task_id  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] event_id  [6] reason (e.g. "cancel", "purge")
 -- ARGV[7] audit actor ("" = no audit entry)  [8] audit request_id or ""
@@ -42,7 +43,7 @@ if ARGV[6] == 'purge' then
   fields[#fields + 1] = meta
 end
 redis.call('HSET', KEYS[1], unpack(fields))
-retain(KEYS[1], KEYS[10], retention, KEYS[11])
+retain(KEYS[1], KEYS[10], retention, KEYS[11], KEYS[13])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])

@@ -8,24 +8,26 @@
 -- The sweep does not read the tasks first: it gives each task's hash, history and old payload
 -- keys only. A task that needs more keys (QUEUED: its stream entry goes; an idempotency key:
 -- its record says failed) is then left unchanged and named in the reply with what its keys
--- are made of; the sweep calls again for it with all six keys. Delayed tasks, the usual
+-- are made of; the sweep calls again for it with all eight keys. Delayed tasks, the usual
 -- burst, take one call.
 --
 -- KEYS[1] = dtq:retry:schedule   KEYS[2] = dtq:retry:claimed   KEYS[3] = dtq:expiry
 -- KEYS[4] = dtq:stream:audit
--- then, per task in order, 4 or 7 keys (its ARGV says which): dtq:task:<id>,
+-- then, per task in order, 4 or 8 keys (its ARGV says which): dtq:task:<id>,
 --   dtq:task:<id>:history, dtq:task:<id>:payload (an older dtq's payload key: own_payload in
 --   _lib), dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
 --   [, dtq:stream:<queue>:p<N>, dtq:idempotency:<queue>:<key> (placeholder when none), the
---   queue's held zset (a task held by fairness leaves it: docs/limits.md)]
+--   queue's held zset (a task held by fairness leaves it: docs/limits.md), the queue's
+--   workflow outbox (a workflow node's end: retain in _lib; a node has an idempotency key,
+--   so it is always given its 8 keys)]
 -- ARGV[1] mode: "manual" (now, whatever expires_at says) | "sweep" (only if due)
 -- ARGV[2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] audit actor ("" = no audit entry, as for the sweep)  [6] audit request_id or ""
 -- then three values per task i, from ARGV[6 + 3 * (i - 1) + 1]: task_id, event_id, and how
---   many keys it has (4 or 7)
+--   many keys it has (4 or 8)
 -- An audit entry (action "expire") is appended for each task marked expired.
 -- Returns one reply per task, in order: {"expired", from, queue, task_type} | {"skip", why}
---   | {"keys", queue, priority, idempotency_key} (4 keys given, 7 needed: nothing changed)
+--   | {"keys", queue, priority, idempotency_key} (4 keys given, 8 needed: nothing changed)
 --   | {"err", "NOT_FOUND"} | {"err", "STATUS", status}
 local call = redis.call
 local publish = string.byte(ARGV[4], 5) == 123 and 'SPUBLISH' or 'PUBLISH'  -- as emit in _lib
@@ -42,10 +44,10 @@ local out = {}
 local k = 4  -- the keys before this task's
 for i = 1, (#ARGV - 6) / 3 do
   local a = 6 + 3 * (i - 1)
-  local task_id, event_id, full = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '7'
+  local task_id, event_id, full = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '8'
   local tkey, hkey, pkey, dkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
-  local skey, ikey, fkey
-  if full then skey, ikey, fkey = KEYS[k + 5], KEYS[k + 6], KEYS[k + 7]; k = k + 7
+  local skey, ikey, fkey, okey
+  if full then skey, ikey, fkey, okey = KEYS[k + 5], KEYS[k + 6], KEYS[k + 7], KEYS[k + 8]; k = k + 8
   else k = k + 4 end
   local h = call('HMGET', tkey, 'status', 'entry_id', 'queue', 'task_type', 'attempt',
     'idempotency_key', 'expires_at_ms', 'expires_at', 'priority')
@@ -81,7 +83,7 @@ for i = 1, (#ARGV - 6) / 3 do
       hist_push(hkey, retention, last)
     end
     call('HSET', tkey, 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
-    retain(tkey, pkey, retention, dkey)
+    retain(tkey, pkey, retention, dkey, okey)
     call('ZREM', KEYS[1], task_id)
     call('ZREM', KEYS[2], task_id)
     call('ZREM', KEYS[3], task_id)

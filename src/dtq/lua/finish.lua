@@ -11,7 +11,8 @@
 -- still in the stream is fenced as before.
 --
 -- Outcomes (ARGV[6]):
---   success     SUCCEEDED; the result JSON goes to dtq:result:<id> (EX result retention) unless
+--   success     SUCCEEDED; the result JSON goes to dtq:result:<id> (EX result retention; none
+--               for a workflow node's, given at its workflow's end: docs/workflows.md) unless
 --               it is null (nothing stored: a missing key reads as result None) or the worker
 --               flagged it too large (hash result_truncated=1); idempotency completed.
 --   error       retryable and attempt < max_attempts: RETRYING, due now + delay_ms in
@@ -44,9 +45,10 @@
 -- KEYS[7] = dtq:stream:dead-letter   KEYS[8] = dtq:result:<id>   KEYS[9] = dtq:cancelled
 -- KEYS[10] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- KEYS[11] = dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
+-- KEYS[12] = the queue's workflow outbox (a workflow node's end: retain in _lib)
 -- then, for each limit the task met at its start (ARGV[22] says how many; docs/limits.md):
--- KEYS[9 + 3i] = its rate state (hash {tat, hold}), KEYS[10 + 3i] = its running set,
--- KEYS[11 + 3i] = its waiting set. The task gives its place back whatever its outcome (it
+-- KEYS[10 + 3i] = its rate state (hash {tat, hold}), KEYS[11 + 3i] = its running set,
+-- KEYS[12 + 3i] = its waiting set. The task gives its place back whatever its outcome (it
 -- leaves RUNNING), and the first waiter is made due; the reply then has a third element, "1",
 -- and the worker promotes the queue's due tasks at once.
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] attempt
@@ -124,7 +126,13 @@ if to == 'succeeded' then
     -- a None result is not stored: a missing key already reads as result None. The hash's
     -- `result_stored` says a key was written, so that a reader can tell a result that
     -- expired (DTQ_RESULT_RETENTION_S) from a handler that returned None.
-    redis.call('SET', KEYS[8], ARGV[7], 'EX', ARGV[16])
+    -- A workflow node's result has no TTL until its workflow ends (its children read it; the
+    -- workflow's end gives it the result retention: docs/workflows.md).
+    if string.sub(idem, 1, 7) == 'dtq-wf:' then
+      redis.call('SET', KEYS[8], ARGV[7])
+    else
+      redis.call('SET', KEYS[8], ARGV[7], 'EX', ARGV[16])
+    end
     fields[#fields + 1] = 'result_stored'
     fields[#fields + 1] = '1'
   end
@@ -177,7 +185,7 @@ elseif to == 'pending' then
   meta.slow = slow
   if slow then
     for i = 1, tonumber(ARGV[22]) or 0 do
-      local rate = KEYS[9 + 3 * i]
+      local rate = KEYS[10 + 3 * i]
       local held = tonumber(redis.call('HGET', rate, 'hold'))
       if not held or held < due then redis.call('HSET', rate, 'hold', due) end
       local ttl = redis.call('PTTL', rate)
@@ -212,7 +220,7 @@ end
 -- (DESIGN 11).
 if to == 'retrying' or to == 'pending' then retention = nil end
 redis.call('HSET', KEYS[1], unpack(fields))
-if retention then retain(KEYS[1], KEYS[10], retention, KEYS[11]) else persist(KEYS[1], KEYS[10]) end
+if retention then retain(KEYS[1], KEYS[10], retention, KEYS[11], KEYS[12]) else persist(KEYS[1], KEYS[10]) end
 if not deleted then
   redis.call('XACK', KEYS[3], group, entry_id)
   redis.call('XDEL', KEYS[3], entry_id)
@@ -221,8 +229,8 @@ redis.call('SREM', KEYS[9], task_id)
 if retention then redis.call('ZREM', KEYS[5], task_id) end
 local freed = nil  -- "1": a place's waiter was made due (the reply's third element)
 for i = 1, tonumber(ARGV[22]) or 0 do
-  if redis.call('ZREM', KEYS[10 + 3 * i], task_id) == 1
-      and limit_promote(KEYS[11 + 3 * i], KEYS[4], now) then
+  if redis.call('ZREM', KEYS[11 + 3 * i], task_id) == 1
+      and limit_promote(KEYS[12 + 3 * i], KEYS[4], now) then
     freed = '1'
   end
 end

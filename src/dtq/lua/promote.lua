@@ -16,6 +16,7 @@
 -- KEYS[8] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- KEYS[9] = dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
 -- KEYS[10 .. 19] = the queue's ten streams, p9 .. p0; KEYS[20 .. 22] = its fairness keys
+-- KEYS[23] = the queue's workflow outbox (a workflow node's end: retain in _lib)
 --   (keys.fair_keys). In a fair queue (docs/limits.md, "Fairness across keys") a task due
 --   goes into its stream as submit.lua would put it there: only while fewer than FAIR_WINDOW
 --   entries are unread and none is held; otherwise it is held in its key's next round (QUEUED
@@ -52,7 +53,7 @@ if exp and exp ~= '' and tonumber(exp) <= now then
     from = 'queued'
   end
   redis.call('HSET', KEYS[1], 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
-  retain(KEYS[1], KEYS[8], retention, KEYS[9])
+  retain(KEYS[1], KEYS[8], retention, KEYS[9], KEYS[23])
   redis.call('ZREM', KEYS[3], task_id)
   redis.call('ZREM', KEYS[4], task_id)
   redis.call('ZREM', KEYS[5], task_id)

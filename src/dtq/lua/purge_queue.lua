@@ -16,7 +16,8 @@
 -- KEYS[1] = dtq:retry:schedule   KEYS[2] = dtq:retry:claimed   KEYS[3] = dtq:expiry
 -- KEYS[4] = dtq:cancelled   KEYS[5] = dtq:stream:audit   KEYS[6..15] = dtq:stream:<queue>:p9..p0
 -- KEYS[16] = the queue's held zset (tasks held by fairness: docs/limits.md)
--- KEYS[17 + 5i .. 21 + 5i] = dtq:task:<id_i>, its :history, its idempotency record key,
+-- KEYS[17] = the queue's workflow outbox (a workflow node's end: retain in _lib)
+-- KEYS[18 + 5i .. 22 + 5i] = dtq:task:<id_i>, its :history, its idempotency record key,
 --   its :payload (an older dtq's payload key: own_payload in _lib), its :done (retain in _lib)
 -- ARGV[1] queue  [2] task retention s  [3] idempotency TTL s  [4] events channel
 -- ARGV[5] audit actor ("" = no audit entry)  [6] audit request_id or ""
@@ -35,8 +36,8 @@ local function band_stream(band) return KEYS[6 + (9 - tonumber(band))] end
 for i = 0, n - 1 do
   local a = 7 + 6 * i
   local task_id, seen, band, event_id = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local kh, khist, kidem = KEYS[17 + 5 * i], KEYS[18 + 5 * i], KEYS[19 + 5 * i]
-  local kpayload, kdone = KEYS[20 + 5 * i], KEYS[21 + 5 * i]
+  local kh, khist, kidem = KEYS[18 + 5 * i], KEYS[19 + 5 * i], KEYS[20 + 5 * i]
+  local kpayload, kdone = KEYS[21 + 5 * i], KEYS[22 + 5 * i]
   local h = redis.call('HMGET', kh, 'status', 'entry_id', 'queue', 'task_type', 'attempt',
     'idempotency_key', 'metadata', 'priority')
   local status = h[1]
@@ -52,7 +53,7 @@ for i = 0, n - 1 do
     else
       redis.call('HSET', kh, 'status', 'cancelled', 'updated_at', ts, 'finished_at', ts,
         'metadata', ARGV[a + 5])
-      retain(kh, kpayload, retention, kdone)
+      retain(kh, kpayload, retention, kdone, KEYS[17])
       redis.call('ZREM', KEYS[1], task_id)
       redis.call('ZREM', KEYS[2], task_id)
       redis.call('ZREM', KEYS[3], task_id)

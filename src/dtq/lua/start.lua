@@ -41,15 +41,16 @@
 -- KEYS[7] = dtq:stream:dead-letter
 -- KEYS[8] = dtq:task:<id>:payload (an older dtq's payload key: own_payload in _lib)
 -- KEYS[9] = dtq:task:<id>:done (where a waiting producer is told: retain in _lib)
+-- KEYS[10] = the queue's workflow outbox (a workflow node's end: retain in _lib)
 -- ARGV[1] task_id  [2] entry_id  [3] worker_id  [4] consumer group  [5] task retention s
 -- ARGV[6] idempotency TTL s  [7] events channel  [8] event_id  [9] DLQ enabled "1"/"0"
 -- ARGV[10] DLQ maxlen  [11] start token (random, one per start batch of a worker)
 -- ARGV[12] "1": resume a start sent with that token whose reply was lost; else "0"
 -- Limits (docs/limits.md, "How a limit is enforced"): ARGV[13] how many the task meets
 -- (absent: none); for the i-th, ARGV[10 + 4i] its name, [11 + 4i] GCRA's interval in ms (0: no
--- rate), [12 + 4i] GCRA's tolerance in ms, [13 + 4i] its concurrency (0: none); KEYS[10] the
--- retry schedule, KEYS[8 + 3i] its rate state (hash {tat, hold}), [9 + 3i] its running set,
--- [10 + 3i] its waiting set. Before step 7, a queued task over one of them is parked instead
+-- rate), [12 + 4i] GCRA's tolerance in ms, [13 + 4i] its concurrency (0: none); KEYS[11] the
+-- retry schedule, KEYS[9 + 3i] its rate state (hash {tat, hold}), [10 + 3i] its running set,
+-- [11 + 3i] its waiting set. Before step 7, a queued task over one of them is parked instead
 -- (its entry consumed, PENDING until it is due again, the attempt not counted, TASK_THROTTLED):
 --   upstream: the limit is held (`hold`, epoch ms, later than now: a handler's
 --   RateLimited(slow=True), written by finish.lua): due at the hold's end, nothing reserved;
@@ -123,8 +124,8 @@ end
 -- A redelivered task that ends here gives its limits' places back.
 local function release_places()
   for i = 1, nlim do
-    if redis.call('ZREM', KEYS[9 + 3 * i], task_id) == 1 then
-      limit_promote(KEYS[10 + 3 * i], KEYS[10], now)
+    if redis.call('ZREM', KEYS[10 + 3 * i], task_id) == 1 then
+      limit_promote(KEYS[11 + 3 * i], KEYS[11], now)
     end
   end
 end
@@ -136,19 +137,19 @@ end
 local function park(i, why, due_ms, tat)
   local name = ARGV[10 + 4 * i]
   if tat then
-    redis.call('HSET', KEYS[8 + 3 * i], 'tat', tat)
-    redis.call('PEXPIRE', KEYS[8 + 3 * i], math.ceil(tat - now) + 1000)
+    redis.call('HSET', KEYS[9 + 3 * i], 'tat', tat)
+    redis.call('PEXPIRE', KEYS[9 + 3 * i], math.ceil(tat - now) + 1000)
     redis.call('HSET', KEYS[1], 'rate_reserved', name)
   end
   if why == 'concurrency' then
     local priority = tonumber(redis.call('HGET', KEYS[1], 'priority')) or 5
-    redis.call('ZADD', KEYS[10 + 3 * i], (9 - priority) * 1e13 + now, task_id)
+    redis.call('ZADD', KEYS[11 + 3 * i], (9 - priority) * 1e13 + now, task_id)
   end
   consume()
   local due = iso(due_ms)
   redis.call('HSET', KEYS[1], 'status', 'pending', 'available_at', due, 'updated_at', ts)
   if not h[13] then redis.call('HSET', KEYS[1], 'throttled_at_ms', now) end
-  redis.call('ZADD', KEYS[10], due_ms, task_id)
+  redis.call('ZADD', KEYS[11], due_ms, task_id)
   hist(KEYS[2], nil, ts, 'queued', 'pending', prev, worker, 'throttled',
     {limit = name, throttle = why, ['until'] = due})
   emit(ARGV[7], ARGV[8], ts, 'TASK_THROTTLED', task_id, queue, task_type, prev, worker,
@@ -160,7 +161,7 @@ end
 local function cancel_now(from, reason)
   release_places()
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ts, 'updated_at', ts)
-  retain(KEYS[1], KEYS[8], retention, KEYS[9])
+  retain(KEYS[1], KEYS[8], retention, KEYS[9], KEYS[10])
   redis.call('ZREM', KEYS[5], task_id)
   redis.call('SREM', KEYS[4], task_id)
   consume()
@@ -199,7 +200,7 @@ if status == 'running' then
     release_places()
     redis.call('HSET', KEYS[1], 'status', to, 'finished_at', ts, 'updated_at', ts,
       'error_class', 'WorkerLost', 'error_message', message, 'retryable', '1')
-    retain(KEYS[1], KEYS[8], retention, KEYS[9])
+    retain(KEYS[1], KEYS[8], retention, KEYS[9], KEYS[10])
     redis.call('ZREM', KEYS[5], task_id)
     consume()
     idem_state(KEYS[6], idem, task_id, 'failed', ts, ARGV[6])
@@ -212,7 +213,7 @@ else
   local exp_ms = tonumber(h[6] or '')
   if exp_ms ~= nil and exp_ms <= now then
     redis.call('HSET', KEYS[1], 'status', 'expired', 'expired_at', ts, 'updated_at', ts)
-    retain(KEYS[1], KEYS[8], retention, KEYS[9])
+    retain(KEYS[1], KEYS[8], retention, KEYS[9], KEYS[10])
     redis.call('ZREM', KEYS[5], task_id)
     consume()
     idem_state(KEYS[6], idem, task_id, 'failed', ts, ARGV[6])
@@ -229,12 +230,12 @@ if nlim > 0 then
     -- has not used its first one's rate.
     local tats = {}
     for i = 1, nlim do
-      local state = redis.call('HMGET', KEYS[8 + 3 * i], 'tat', 'hold')
+      local state = redis.call('HMGET', KEYS[9 + 3 * i], 'tat', 'hold')
       local hold = tonumber(state[2])
       if hold and hold > now then return park(i, 'upstream', hold) end
       local concurrency = tonumber(ARGV[13 + 4 * i])
-      if concurrency > 0 and redis.call('ZCARD', KEYS[9 + 3 * i]) >= concurrency
-          and not redis.call('ZSCORE', KEYS[9 + 3 * i], task_id) then
+      if concurrency > 0 and redis.call('ZCARD', KEYS[10 + 3 * i]) >= concurrency
+          and not redis.call('ZSCORE', KEYS[10 + 3 * i], task_id) then
         return park(i, 'concurrency', now + PARKED_RECHECK_MS)
       end
       local interval = tonumber(ARGV[11 + 4 * i])
@@ -250,14 +251,14 @@ if nlim > 0 then
     end
     for i = 1, nlim do
       if tats[i] then
-        redis.call('HSET', KEYS[8 + 3 * i], 'tat', tats[i])
+        redis.call('HSET', KEYS[9 + 3 * i], 'tat', tats[i])
         -- idle state goes: the key lives until the arrival time has passed (plus a second)
-        redis.call('PEXPIRE', KEYS[8 + 3 * i], math.ceil(tats[i] - now) + 1000)
+        redis.call('PEXPIRE', KEYS[9 + 3 * i], math.ceil(tats[i] - now) + 1000)
       end
     end
   end
   for i = 1, nlim do  -- a redelivered task keeps its place (the member is its id)
-    if tonumber(ARGV[13 + 4 * i]) > 0 then redis.call('ZADD', KEYS[9 + 3 * i], now, task_id) end
+    if tonumber(ARGV[13 + 4 * i]) > 0 then redis.call('ZADD', KEYS[10 + 3 * i], now, task_id) end
   end
 end
 local throttled_ms = ''
