@@ -1799,3 +1799,18 @@ async def limit_sweep_many(db: Backend, calls: Sequence[Call]) -> list[list[str]
         r if isinstance(r, Exception) else [str(m) for m in r]
         for r in await db.scripts.call_many(db.redis, calls)
     ]
+
+
+# -- workflow.lua -------------------------------------------------------------------------------
+
+
+async def workflow(db: Backend, workflow_id: str, home: str, op: str, *args: Any) -> Any:
+    """workflow.lua's ``op`` on one workflow (docs/workflows.md; the reply is the script's)."""
+    call_keys = [
+        keys.workflow(workflow_id),
+        keys.workflow_nodes(workflow_id),
+        keys.wf_outbox(home),
+        keys.audit(home),
+    ]
+    argv = [op, workflow_id, keys.events(home), new_id(), db.settings.task_retention_s, *args]
+    return await db.scripts.call(db.redis, "workflow", call_keys, argv)

@@ -17,9 +17,9 @@ from typing import Any, cast
 
 from pydantic import BaseModel
 
-from dtq import keys
+from dtq import calls, keys
 from dtq.admin.tasks import cancel as cancel_task
-from dtq.calls import Audit, new_id, new_task_id
+from dtq.calls import Audit, new_task_id
 from dtq.errors import (
     DtqError,
     IdempotencyInProgressError,
@@ -64,18 +64,8 @@ class WorkflowReply(BaseModel):
     running: dict[str, str]  # task id -> node: the RELEASED nodes (op cancel)
 
 
-def _keys(workflow_id: str, home: str) -> list[str]:
-    return [
-        keys.workflow(workflow_id),
-        keys.workflow_nodes(workflow_id),
-        keys.wf_outbox(home),
-        keys.audit(home),
-    ]
-
-
 async def _call(store: Store, workflow_id: str, home: str, op: str, *args: Any) -> Any:
-    argv = [op, workflow_id, keys.events(home), new_id(), store.settings.task_retention_s, *args]
-    return await store.scripts.call(store.redis, "workflow", _keys(workflow_id, home), argv)
+    return await calls.workflow(store, workflow_id, home, op, *args)
 
 
 def _reply(raw: Sequence[Any]) -> WorkflowReply | None:
