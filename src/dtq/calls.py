@@ -1347,6 +1347,7 @@ async def remove_queue(
                     else (keys.QUEUES,)
                 ),
                 keys.fair_held(queue),
+                keys.wf_outbox(queue),
             ],
             [
                 queue,

@@ -280,7 +280,12 @@ async def apply_entry(store: Store, queue: str, fields: Mapping[str, str]) -> No
         log.warning("workflow outbox of %s: entry without a node key: %s", queue, dict(fields))
         return
     wid, node = parsed
-    await apply_end(store, wid, node, fields.get("status", ""))
+    status = fields.get("status", "")
+    reply = await apply_end(store, wid, node, status)
+    if status == TaskStatus.SUCCEEDED and (reply is None or reply.status != "running"):
+        # A node's task that succeeded after its workflow had ended (requeued from the
+        # dead-letter queue): its result, kept without a TTL for children, gets the retention.
+        await _retain_results(store, [fields.get("task_id", "")])
 
 
 # -- read, cancel ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ stays pending and is tried again the same way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +34,12 @@ log = logging.getLogger("dtq.worker.workflows")
 BLOCK_MS = 500
 BATCH = 100
 CLAIM_EVERY_S = 5.0
+
+
+async def _wait(stopping: asyncio.Event, seconds: float) -> None:
+    """``seconds``, or less when the worker stops."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), seconds)
 
 
 class WorkflowRelay:
@@ -58,10 +65,18 @@ class WorkflowRelay:
 
     async def _queue_loop(self, queue: str, stopping: asyncio.Event) -> None:
         outbox = keys.wf_outbox(queue)
-        await self._ensure_group(outbox)
         loop = asyncio.get_running_loop()
         next_claim = 0.0
+        grouped = False
         while not stopping.is_set():
+            if not grouped:
+                # The outbox exists once a node of this queue has ended (or a workflow was
+                # written with this home): until then, nothing to read, and nothing is created
+                # (an idle queue's keys go with it: remove_queue.lua).
+                grouped = await self._ensure_group(outbox)
+                if not grouped:
+                    await _wait(stopping, BLOCK_MS / 1000)
+                    continue
             if loop.time() >= next_claim:
                 next_claim = loop.time() + CLAIM_EVERY_S
                 await self._claim(queue, outbox)
@@ -74,21 +89,25 @@ class WorkflowRelay:
                     block=BLOCK_MS,
                 )
             except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
+                if "NOGROUP" not in str(exc) and "UNBLOCKED" not in str(exc):
                     raise
-                await self._ensure_group(outbox)
+                grouped = False  # the outbox was removed with its queue
                 continue
             for _stream, entries in reply or ():
                 await self._apply(queue, outbox, entries)
 
-    async def _ensure_group(self, outbox: str) -> None:
+    async def _ensure_group(self, outbox: str) -> bool:
+        """The consumer group on ``outbox`` (from its first entry); False while there is no
+        outbox."""
         try:
-            await self._store.redis.xgroup_create(
-                outbox, keys.CONSUMER_GROUP, id="0", mkstream=True
-            )
+            await self._store.redis.xgroup_create(outbox, keys.CONSUMER_GROUP, id="0")
         except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+            if "BUSYGROUP" in str(exc):
+                return True
+            if "requires the key to exist" in str(exc):
+                return False
+            raise
+        return True
 
     async def _claim(self, queue: str, outbox: str) -> None:
         """Take over the entries a worker read and did not apply in time (it died)."""
@@ -106,7 +125,6 @@ class WorkflowRelay:
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
-                await self._ensure_group(outbox)
                 return
             cursor, entries = reply[0], reply[1]
             await self._apply(queue, outbox, [e for e in entries if e and e[1] is not None])
