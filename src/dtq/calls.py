@@ -1347,6 +1347,7 @@ async def remove_queue(
                     else (keys.QUEUES,)
                 ),
                 keys.fair_held(queue),
+                keys.wf_outbox(queue),
             ],
             [
                 queue,
@@ -1799,3 +1800,31 @@ async def limit_sweep_many(db: Backend, calls: Sequence[Call]) -> list[list[str]
         r if isinstance(r, Exception) else [str(m) for m in r]
         for r in await db.scripts.call_many(db.redis, calls)
     ]
+
+
+# -- workflow.lua -------------------------------------------------------------------------------
+
+
+def workflow_call(s: Settings, workflow_id: str, home: str, op: str, *args: Any) -> Call:
+    """The workflow.lua call of ``op`` on one workflow (docs/workflows.md)."""
+    call_keys = [
+        keys.workflow(workflow_id),
+        keys.workflow_nodes(workflow_id),
+        keys.wf_outbox(home),
+        keys.audit(home),
+    ]
+    argv = [op, workflow_id, keys.events(home), new_id(), s.task_retention_s, *args]
+    return ("workflow", call_keys, argv)
+
+
+async def workflow(db: Backend, workflow_id: str, home: str, op: str, *args: Any) -> Any:
+    """workflow.lua's ``op`` on one workflow (the reply is the script's)."""
+    return await db.scripts.call(
+        db.redis, *workflow_call(db.settings, workflow_id, home, op, *args)
+    )
+
+
+async def workflow_many(db: Backend, prepared: Sequence[Call]) -> list[Any]:
+    """workflow.lua calls built by :func:`workflow_call`, in one round trip; the reply or the
+    error of each, in order."""
+    return await db.scripts.call_many(db.redis, prepared)

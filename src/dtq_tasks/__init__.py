@@ -17,7 +17,6 @@ still callable as the handler, it also submits itself, its payload and result ty
 This package imports nothing of ``dtq.worker`` or ``dtq.api``.
 """
 
-from dtq.workflows import ParentResult
 from dtq_tasks.errors import (
     HandlerError,
     PermanentError,
@@ -51,7 +50,6 @@ __all__ = [
     "Handler",
     "HandlerError",
     "HandlerFn",
-    "ParentResult",
     "PermanentError",
     "RateLimited",
     "RescheduleError",

@@ -188,8 +188,10 @@ async def test_a_chord_callback_gets_every_result_once(queue: Queue, settings: S
 
 
 async def test_a_retried_step_never_reruns_the_step_before_it(
-    queue: Queue, settings: Settings
+    queue: Queue, settings: Settings, r: Redis
 ) -> None:
+    ttls: list[int] = []
+    first_id: list[str] = []
     calls: Counter[str] = Counter()
 
     async def first(payload: dict[str, Any], ctx: TaskContext) -> str:
@@ -198,6 +200,8 @@ async def test_a_retried_step_never_reruns_the_step_before_it(
 
     async def second(payload: dict[str, Any], ctx: TaskContext) -> str:
         calls["second"] += 1
+        # The parent's result is kept without a TTL while the workflow runs.
+        ttls.append(await r.ttl(keys.result(first_id[0])))
         if ctx.attempt <= 2:
             raise RetryableError("not yet")
         return f"{ctx.parent_results['first'].result} and used"
@@ -205,10 +209,12 @@ async def test_a_retried_step_never_reruns_the_step_before_it(
     wf = await queue.submit_workflow(
         chain(node("first", "first"), node("second", "second", max_attempts=5))
     )
+    first_id.append(wf.nodes[0].task_id)
     async with running_worker(fast(settings), handlers(first=first, second=second)):
         wf = await ended(queue, wf.workflow_id)
     assert wf.status == "succeeded"
     assert calls == {"first": 1, "second": 3}
+    assert ttls == [-1, -1, -1]
     second_task = await queue.get(wf.nodes[1].task_id)
     assert second_task.attempt == 3 and second_task.result == "made once and used"
 

@@ -119,7 +119,7 @@ def test_the_finish_call_passes_each_limits_rate_state_and_the_slow_flag() -> No
     uses = (LimitUse("per-tenant", a, 0, 0, 5), LimitUse("solo", b, 10.0, 0, 0))
     outcome = Outcome("rate_limited", delay_ms=2000, slow=True)
     _, call_keys, argv = calls.finish_call(entry, 1, outcome, "w", Settings(), uses)
-    assert call_keys[11:] == [
+    assert call_keys[12:] == [
         a + ":rate",
         a + ":running",
         a + ":waiting",
@@ -130,10 +130,10 @@ def test_the_finish_call_passes_each_limits_rate_state_and_the_slow_flag() -> No
     assert argv[5] == "rate_limited" and argv[11] == 2000
     assert argv[21:] == [2, "1"]
     _, none_keys, none_argv = calls.finish_call(entry, 1, outcome, "w", Settings())
-    assert len(none_keys) == 11 and none_argv[21:] == [0, "1"]  # slow said, nothing to hold
+    assert len(none_keys) == 12 and none_argv[21:] == [0, "1"]  # slow said, nothing to hold
     plain = Outcome("rate_limited", delay_ms=2000)
     _, plain_keys, plain_argv = calls.finish_call(entry, 1, plain, "w", Settings())
-    assert len(plain_keys) == 11 and len(plain_argv) == 21  # no limit: no limit part at all
+    assert len(plain_keys) == 12 and len(plain_argv) == 21  # no limit: no limit part at all
 
 
 def test_the_worker_counts_it_as_a_throttle_and_logs_it(caplog: pytest.LogCaptureFixture) -> None:

@@ -17,9 +17,9 @@ from typing import Any, cast
 
 from pydantic import BaseModel
 
-from dtq import keys
+from dtq import calls, keys
 from dtq.admin.tasks import cancel as cancel_task
-from dtq.calls import Audit, new_id, new_task_id
+from dtq.calls import Audit, new_task_id
 from dtq.errors import (
     DtqError,
     IdempotencyInProgressError,
@@ -31,6 +31,7 @@ from dtq.errors import (
     WorkflowNotFoundError,
 )
 from dtq.models import SubmitRequest, Task, TaskStatus, compact_json
+from dtq.scripts import Call
 from dtq.store import Store, ms_to_dt
 from dtq.workflows import (
     Edge,
@@ -45,7 +46,7 @@ from dtq.workflows import (
 __all__ = [
     "WorkflowReply",
     "apply_end",
-    "apply_entry",
+    "apply_entries",
     "cancel_workflow",
     "get_workflow",
     "parent_results",
@@ -64,18 +65,8 @@ class WorkflowReply(BaseModel):
     running: dict[str, str]  # task id -> node: the RELEASED nodes (op cancel)
 
 
-def _keys(workflow_id: str, home: str) -> list[str]:
-    return [
-        keys.workflow(workflow_id),
-        keys.workflow_nodes(workflow_id),
-        keys.wf_outbox(home),
-        keys.audit(home),
-    ]
-
-
 async def _call(store: Store, workflow_id: str, home: str, op: str, *args: Any) -> Any:
-    argv = [op, workflow_id, keys.events(home), new_id(), store.settings.task_retention_s, *args]
-    return await store.scripts.call(store.redis, "workflow", _keys(workflow_id, home), argv)
+    return await calls.workflow(store, workflow_id, home, op, *args)
 
 
 def _reply(raw: Sequence[Any]) -> WorkflowReply | None:
@@ -278,19 +269,59 @@ async def _retain_results(store: Store, task_ids: Sequence[str]) -> None:
     await pipe.execute()
 
 
-async def apply_entry(store: Store, queue: str, fields: Mapping[str, str]) -> None:
-    """Apply one entry of ``queue``'s outbox: a node's end, or a workflow's release."""
-    if fields.get("kind") == "release":
-        wid = fields.get("workflow_id", "")
-        raw = await _call(store, wid, queue, "released")
-        await _follow(store, wid, queue, raw)
-        return
-    parsed = parse_node_key(fields.get("key"))
-    if parsed is None:
-        log.warning("workflow outbox of %s: entry without a node key: %s", queue, dict(fields))
-        return
-    wid, node = parsed
-    await apply_end(store, wid, node, fields.get("status", ""))
+async def apply_entries(
+    store: Store, queue: str, entries: Sequence[Mapping[str, str]], homes: dict[str, str]
+) -> None:
+    """Apply entries of ``queue``'s outbox: nodes' ends and workflows' release entries, every
+    workflow.lua call in one round trip, then the submits of what they released. ``homes``
+    caches each workflow's home queue (read once: it never changes). Raises what a submit
+    raises (a full queue): the caller leaves every entry pending, and applying them again
+    changes nothing."""
+    todo: list[tuple[str, str, str, str]] = []  # (workflow id, node or "", status, task id)
+    for fields in entries:
+        if fields.get("kind") == "release":
+            wid = fields.get("workflow_id", "")
+            homes.setdefault(wid, queue)
+            todo.append((wid, "", "", ""))
+            continue
+        parsed = parse_node_key(fields.get("key"))
+        if parsed is None:
+            log.warning("workflow outbox of %s: entry without a node key: %s", queue, dict(fields))
+            continue
+        todo.append((*parsed, fields.get("status", ""), fields.get("task_id", "")))
+    unknown = sorted({t[0] for t in todo if t[0] not in homes})
+    if unknown:
+        pipe = store.redis.pipeline(transaction=False)
+        for wid in unknown:
+            pipe.hget(keys.workflow(wid), "home")
+        for wid, home in zip(unknown, await pipe.execute(), strict=True):
+            if home is not None:
+                homes[wid] = home
+    sent: list[tuple[str, str, str]] = []  # (workflow id, status, task id) of each call
+    prepared: list[Call] = []
+    # A node's task that succeeded once its workflow was gone or ended (requeued from the
+    # dead-letter queue): its result, kept without a TTL for children, gets the retention.
+    orphans: list[str] = []
+    for wid, node, status, task_id in todo:
+        home = homes.get(wid)
+        if home is None:
+            if status == TaskStatus.SUCCEEDED:
+                orphans.append(task_id)
+            continue
+        op = ("released",) if not node else ("end", node, status, "", "")
+        sent.append((wid, status, task_id))
+        prepared.append(calls.workflow_call(store.settings, wid, home, *op))
+    replies = await calls.workflow_many(store, prepared) if prepared else []
+    for (wid, status, task_id), raw in zip(sent, replies, strict=True):
+        if isinstance(raw, Exception):
+            raise raw
+        reply = await _follow(store, wid, homes[wid], raw)
+        if reply is None:
+            homes.pop(wid, None)
+        if status == TaskStatus.SUCCEEDED and (reply is None or reply.status != "running"):
+            orphans.append(task_id)
+    if orphans:
+        await _retain_results(store, orphans)
 
 
 # -- read, cancel ---------------------------------------------------------------------------

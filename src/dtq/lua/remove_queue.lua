@@ -28,15 +28,18 @@
 --   "schedules": the firer finds a queue's schedules through dtq:queues; docs/schedules.md)
 -- KEYS[18], cluster layout only: the queue's limits hash, which must be empty too (busy
 --   "limits": a limit is found by its name through dtq:queues; docs/limits.md)
--- KEYS[#KEYS] (13 flat, 19 cluster) = the queue's held zset, which must be empty (busy
+-- KEYS[#KEYS - 1] (13 flat, 19 cluster) = the queue's held zset, which must be empty (busy
 --   "waiting": tasks a fair queue holds back from its streams; docs/limits.md). The fairness
 --   hash stays: it follows the queue's limits, which outlive its name in the flat layout.
+-- KEYS[#KEYS] (14 flat, 20 cluster) = the queue's workflow outbox, which must hold no entry
+--   (busy "workflows": ends of workflow nodes not applied yet; docs/workflows.md); removed
+--   with the streams.
 -- ARGV[1] queue  [2] idle TTL ms  [3] consumer group  [4] "check" | "remove"
 -- ARGV[5] the mark the check returned ("remove" only)
 -- Returns {"idle", mark} (check) | {"removed"} (remove) | {"busy", why}, why one of: default,
 --   in_flight (a pending entry), waiting (an entry not delivered), recent (activity within the
---   idle TTL), changed (remove: the mark moved since the check), scheduled, dead_letters,
---   schedules, limits (cluster layout)
+--   idle TTL), changed (remove: the mark moved since the check), workflows, scheduled,
+--   dead_letters, schedules, limits (cluster layout)
 local queue, ttl, group, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 if queue == 'default' then return {'busy', 'default'} end
 
@@ -50,8 +53,11 @@ local function last_id(stream)
   return nil
 end
 
-if redis.call('ZCARD', KEYS[#KEYS]) > 0 then return {'busy', 'waiting'} end
-if #KEYS == 19 then
+if redis.call('ZCARD', KEYS[#KEYS - 1]) > 0 then return {'busy', 'waiting'} end
+if redis.call('EXISTS', KEYS[#KEYS]) == 1 and redis.call('XLEN', KEYS[#KEYS]) > 0 then
+  return {'busy', 'workflows'}
+end
+if #KEYS == 20 then
   if redis.call('ZCARD', KEYS[17]) > 0 then return {'busy', 'schedules'} end
   if redis.call('HLEN', KEYS[18]) > 0 then return {'busy', 'limits'} end
   for k = 12, 14 do
@@ -83,6 +89,6 @@ mark = table.concat(mark, ',')
 if mode == 'check' then return {'idle', mark} end
 if mark ~= ARGV[5] then return {'busy', 'changed'} end
 if #present > 0 then redis.call('DEL', unpack(present)) end
-redis.call('DEL', KEYS[1])
-if #KEYS == 13 then redis.call('SREM', KEYS[12], queue) end
+redis.call('DEL', KEYS[1], KEYS[#KEYS])
+if #KEYS == 14 then redis.call('SREM', KEYS[12], queue) end
 return {'removed'}
