@@ -4,7 +4,7 @@ docs/workflows.md's), and their argparse tree.
 Everything goes through the SDK's workflow methods (:class:`dtq.client.Queue`), which own the
 rules: a file that cannot be read or is not a JSON object is a UsageError, a workflow the core
 refuses is InvalidWorkflowError naming the first problem (both exit 2); an unknown workflow is
-WorkflowNotFoundError (exit 1). A cancel is audited as ``cli:<user>@<host>``.
+WorkflowNotFoundError (exit 1). Submit and cancel are audited as ``cli:<user>@<host>``.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _print(ctx: Ctx, wf: Workflow) -> None:
 
 async def submit(ctx: Ctx) -> int:
     data = read_workflow_file(ctx.args.file)
-    wf = await ctx.q.submit_workflow(data)
+    wf = await ctx.q.submit_workflow(data, audit=ctx.audit())
     if ctx.json:
         ctx.out.json(wf.model_dump(mode="json"))
         return 0

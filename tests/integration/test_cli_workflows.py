@@ -102,7 +102,9 @@ async def test_cancel_is_audited_and_cancels_the_nodes(
         entries = client.xrange(keys.audit("default"))
     finally:
         client.close()
-    assert any(f.get("actor") == ACTOR for _, f in entries), entries
+    rows = [(f["action"], f["actor"]) for _, f in entries]
+    assert rows[0] == ("workflow_submit", ACTOR), rows
+    assert ("workflow_cancel", ACTOR) in rows, rows
     again = cli.ok("workflow", "cancel", wid, "--json").json()
     assert again["status"] == "cancelled"
 

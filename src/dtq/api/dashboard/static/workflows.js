@@ -176,8 +176,8 @@ export function workflowView(root, shared, id) {
     refresh: refresh.now,
     onEvent(event) {
       if (!wf) return;
-      const data = event.data || {};
-      if (data.workflow_id === id || wf.nodes.some((n) => n.task_id === event.task_id)) refresh();
+      const meta = event.metadata || {}; // WORKFLOW_* events: {workflow_id, status}
+      if (meta.workflow_id === id || wf.nodes.some((n) => n.task_id === event.task_id)) refresh();
     },
     destroy() {
       alive = false;
