@@ -30,6 +30,7 @@ from redis.asyncio import Redis
 
 from dtq import Queue, connect, keys
 from dtq.config import Settings
+from dtq.workflows import chain, group, node
 from dtq_tasks import TaskContext
 from support import running_worker, wait_until
 from support.api import ApiServer, api_server, api_settings
@@ -573,8 +574,6 @@ async def test_overview_under_a_live_workload(
 async def test_workflow_page_draws_the_dag_and_follows_it_live(
     ui: Watched, server: ApiServer, queue: Queue, r: Redis, dash_settings: Settings
 ) -> None:
-    from dtq.workflows import chain, group, node
-
     shape = chain(
         node("fetch", "api_echo", {"x": 1}, queue="dash-w"),
         group(node("left", "api_echo", queue="dash-w"), node("right", "api_echo", queue="dash-w")),
