@@ -8,7 +8,8 @@ loads the settings, runs one command and maps its outcome to an exit code:
 - 1: refused by the system's state (not found, already terminal, queue full, idempotency key in
   progress, not in the DLQ, a purge not confirmed) or Redis unreachable (one line naming the URL
   and what failed).
-- 2: invalid input of any kind (flags, payload, durations, date-times; argparse's usage errors)
+- 2: invalid input of any kind (flags, payload, durations, date-times, a workflow file;
+  argparse's usage errors)
   or an invalid ``DTQ_*`` setting (the ConfigError line).
 
 No user error prints a traceback; ``dtq --debug`` shows one for an unexpected error.
@@ -37,10 +38,10 @@ EXIT_USAGE = 2
 
 def exit_code(error: DtqError) -> int:
     """2 for what the user typed or configured wrong; 1 for what the system refused."""
-    from dtq.errors import ConfigError, InvalidTaskError
+    from dtq.errors import ConfigError, InvalidTaskError, InvalidWorkflowError
     from dtq_cli.context import UsageError
 
-    if isinstance(error, ConfigError | InvalidTaskError | UsageError):
+    if isinstance(error, ConfigError | InvalidTaskError | InvalidWorkflowError | UsageError):
         return EXIT_USAGE
     return EXIT_REFUSED
 

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from dtq.client import connect
 from dtq.config import Settings
-from dtq_cli import admin_cmd, limit_cmd, run_cmd, schedule_cmd, tasks_cmd
+from dtq_cli import admin_cmd, limit_cmd, run_cmd, schedule_cmd, tasks_cmd, workflow_cmd
 from dtq_cli.context import Ctx
 from dtq_cli.output import Output
 from dtq_tasks import load_task_types
@@ -47,10 +47,13 @@ REDIS_COMMANDS: dict[str, RedisCommand] = {
     "limit.list": limit_cmd.list_limits,
     "limit.show": limit_cmd.show,
     "limit.remove": limit_cmd.remove,
+    "workflow.submit": workflow_cmd.submit,
+    "workflow.show": workflow_cmd.show,
+    "workflow.cancel": workflow_cmd.cancel,
 }
 # Commands that submit, or store a template that will: they check task types against
 # DTQ_TASK_MODULES, as the API does.
-SUBMIT_COMMANDS = frozenset({"submit", "schedule.add", "schedule.update"})
+SUBMIT_COMMANDS = frozenset({"submit", "schedule.add", "schedule.update", "workflow.submit"})
 PROCESS_COMMANDS: dict[str, ProcessCommand] = {
     "worker.run": run_cmd.worker_run,
     "api": run_cmd.api,

@@ -114,6 +114,17 @@ def task_id(text: str) -> str:
     return value
 
 
+def workflow_id(text: str) -> str:
+    from dtq.models import TASK_ID_RE
+
+    value = text.strip().lower()
+    if not TASK_ID_RE.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a workflow id (32 hexadecimal characters, as submit prints)"
+        )
+    return value
+
+
 def queue_name(text: str) -> str:
     """The core's queue-name rule, with its message (:func:`dtq.models.check_queue_name`)."""
     from dtq.errors import InvalidTaskError

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from dtq_cli import inputs, limit_cmd, schedule_args
+from dtq_cli import inputs, limit_cmd, schedule_args, workflow_cmd
 from dtq_cli.flags import (
     DEFAULT_WAIT_S,
     FMT,
@@ -36,6 +36,7 @@ examples:
   dtq schedule add nightly --cron '0 3 * * *' --tz Europe/Paris --task-type cleanup
   dtq schedule list
   dtq limit set charge --task-type charge --rate 100/s --concurrency 20
+  dtq workflow submit pipeline.json
   dtq worker run --queue default --concurrency 8
   dtq dev
 
@@ -48,7 +49,8 @@ exit codes:
   1  refused by the system's state (not found, already finished, queue full, conflict)
      or Redis unreachable; wait and submit --wait: the task did not succeed, or the
      timeout passed
-  2  invalid input (flags, payload, duration, date-time) or invalid DTQ_* configuration
+  2  invalid input (flags, payload, duration, date-time, a workflow file) or invalid
+     DTQ_* configuration
 
 environment: DTQ_REDIS_URL (default redis://localhost:6379/0) and the other DTQ_* settings.
 Full reference: docs/cli.md
@@ -73,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     _queue_commands(subs)
     schedule_args.add_commands(subs)
     limit_cmd.add_commands(subs)
+    workflow_cmd.add_commands(subs)
     _process_commands(subs)
     return parser
 

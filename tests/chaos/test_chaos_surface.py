@@ -23,8 +23,9 @@ from dtq.config import Settings
 
 SRC = REPO / "src"
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
-# Non-safe routes that anyone may call: submitting a task is the API's open door (contract 13).
-OPEN_WRITES = {("POST", "/api/v1/tasks")}
+# Non-safe routes that anyone may call: submitting a task is the API's open door (contract 13),
+# and a workflow is submitted through the same door (docs/workflows.md).
+OPEN_WRITES = {("POST", "/api/v1/tasks"), ("POST", "/api/v1/workflows")}
 # import_module calls whose argument is the operator's own configuration (DTQ_TASK_MODULES,
 # DESIGN 9), never a value from a request or a task: (file, function).
 CONFIGURED_IMPORTS = {("dtq_tasks/modules.py", "load_task_modules")}

@@ -565,3 +565,63 @@ async def test_overview_under_a_live_workload(
         await ui.page.screenshot(path=str(path), full_page=True)
         assert path.stat().st_size > 10_000
         assert not ui.problems(), ui.problems()
+
+
+# -- workflows ------------------------------------------------------------------------------------
+
+
+async def test_workflow_page_draws_the_dag_and_follows_it_live(
+    ui: Watched, server: ApiServer, queue: Queue, r: Redis, dash_settings: Settings
+) -> None:
+    from dtq.workflows import chain, group, node
+
+    shape = chain(
+        node("fetch", "api_echo", {"x": 1}, queue="dash-w"),
+        group(node("left", "api_echo", queue="dash-w"), node("right", "api_echo", queue="dash-w")),
+        node("report", "api_echo", queue="dash-w"),
+        policy="continue",
+    )
+    wf = await queue.submit_workflow(shape)
+    await open_dashboard(ui, server, f"#/workflow/{wf.workflow_id}")
+    graph = ui.page.get_by_test_id("workflow-graph")
+    await expect(graph.locator("a.wf-node")).to_have_count(4)
+    await expect(graph.locator('[data-node="fetch"]')).to_have_attribute("data-status", "queued")
+    await expect(graph.locator('[data-node="report"]')).to_have_attribute("data-status", "waiting")
+    # Columns by depth: fetch, then left and right side by side, then report.
+    xs = {}
+    for name in ("fetch", "left", "right", "report"):
+        xs[name] = await graph.locator(f'[data-node="{name}"] rect').get_attribute("x")
+    assert float(xs["fetch"]) < float(xs["left"]) == float(xs["right"]) < float(xs["report"])
+    # Every edge of the chain is "continue", and says so; four edges in all.
+    await expect(graph.locator("g.wf-edge")).to_have_count(4)
+    await expect(graph.locator(".wf-edge-label")).to_have_text(["continue"] * 4)
+
+    async with running_worker(dash_settings, queues=("dash-w",)):
+        await expect(ui.page.get_by_test_id("workflow-status")).to_have_text(
+            "succeeded", timeout=SECONDS
+        )
+        await expect(graph.locator('a.wf-node[data-status="succeeded"]')).to_have_count(4)
+    assert await ui.not_reloaded()
+
+    # A node links to its task's page.
+    await graph.locator('[data-node="fetch"]').click()
+    fetch_id = next(n.task_id for n in wf.nodes if n.name == "fetch")
+    await expect(ui.page.get_by_test_id("task-status")).to_have_text("succeeded")
+    assert ui.page.url.endswith(f"#/task/{fetch_id}")
+
+    # Cancel through the page: nothing serves this queue, so every node is cancelled at once.
+    idle = await queue.submit_workflow(
+        chain(
+            node("a", "api_echo", queue="dash-w-idle"), node("b", "api_echo", queue="dash-w-idle")
+        )
+    )
+    await ui.page.goto(f"{server.url}/dashboard/#/workflow/{idle.workflow_id}")
+    await ui.page.get_by_test_id("workflow-cancel").click()
+    dialog = ui.page.locator("dialog#confirm")
+    await dialog.locator("#confirm-key-input").fill(API_KEY)
+    await dialog.locator("#confirm-ok").click()
+    await expect(ui.page.get_by_test_id("workflow-status")).to_have_text(
+        "cancelled", timeout=SECONDS
+    )
+    a_id = next(n.task_id for n in idle.nodes if n.name == "a")
+    assert await r.hget(keys.task(a_id), "status") == "cancelled"

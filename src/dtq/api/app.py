@@ -28,6 +28,7 @@ from dtq.api import (
     routes_ops,
     routes_schedules,
     routes_tasks,
+    routes_workflows,
 )
 from dtq.api.deps import ApiState
 from dtq.api.errors import install_error_handlers, route_methods
@@ -102,6 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     routers = (
         routes_tasks.router,
+        routes_workflows.router,
         routes_admin.router,
         routes_schedules.router,
         routes_limits.router,

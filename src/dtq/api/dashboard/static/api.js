@@ -100,6 +100,8 @@ export const api = {
   resumeSchedule: (name) => request("POST", `schedules/${encodeURIComponent(name)}/resume`, { destructive: true }),
   triggerSchedule: (name) => request("POST", `schedules/${encodeURIComponent(name)}/trigger`, { destructive: true }),
   limits: () => request("GET", "limits"),
+  workflow: (id) => request("GET", `workflows/${encodeURIComponent(id)}`),
+  cancelWorkflow: (id) => request("POST", `workflows/${encodeURIComponent(id)}/cancel`, { destructive: true }),
 };
 
 /** The WebSocket URL of the event stream (DTQ_WS_PATH), relative to the page like the API. */

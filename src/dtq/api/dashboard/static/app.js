@@ -11,6 +11,7 @@ import { overviewView } from "./overview.js";
 import { scheduleListView, scheduleView } from "./schedules.js";
 import { taskListView, taskView } from "./tasks.js";
 import { installKeyButton, settings, updateKeyButton } from "./ui.js";
+import { workflowView } from "./workflows.js";
 
 const shared = {
   throughput: new Throughput(),
@@ -35,6 +36,7 @@ function route() {
   if (parts[0] === "schedules") return { name: "schedules" };
   if (parts[0] === "limits") return { name: "limits" };
   if (parts[0] === "schedule" && parts[1]) return { name: "schedule", id: parts[1] };
+  if (parts[0] === "workflow" && parts[1]) return { name: "workflow", id: parts[1] };
   return { name: "overview" };
 }
 
@@ -56,8 +58,13 @@ function show() {
   else if (where.name === "schedules") current = scheduleListView(root, shared);
   else if (where.name === "schedule") current = scheduleView(root, shared, where.id);
   else if (where.name === "limits") current = limitListView(root, shared);
+  else if (where.name === "workflow") current = workflowView(root, shared, where.id);
   else current = overviewView(root, shared);
-  const titles = { task: () => "task " + where.id.slice(0, 8), schedule: () => "schedule " + where.id };
+  const titles = {
+    task: () => "task " + where.id.slice(0, 8),
+    schedule: () => "schedule " + where.id,
+    workflow: () => "workflow " + where.id.slice(0, 8),
+  };
   document.title = `dtq · ${titles[where.name] ? titles[where.name]() : where.name}`;
 }
 

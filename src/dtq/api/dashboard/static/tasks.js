@@ -199,8 +199,9 @@ export function taskView(root, shared, id) {
   const progressBox = h("div");
   const dlqBox = h("div");
   const timeline = h("ol", { class: "timeline", "data-testid": "task-history" });
+  const wfCrumb = h("span");
   fill(root,
-    h("p", { class: "crumbs" }, link("#/tasks", "← recent tasks")),
+    h("p", { class: "crumbs" }, link("#/tasks", "← recent tasks"), wfCrumb),
     h("div", { class: "task-head" }, title, pill, actions),
     banner,
     h("div", { class: "task-grid" },
@@ -237,6 +238,9 @@ export function taskView(root, shared, id) {
 
   function render() {
     fill(pill, statusPill(task.status));
+    // A workflow node's task has the idempotency key dtq-wf:<workflow id>:<node> (docs/workflows.md).
+    const wfKey = /^dtq-wf:([0-9a-f]{32}):(.+)$/.exec(task.idempotency_key || "");
+    fill(wfCrumb, wfKey ? [" · ", link("#/workflow/" + wfKey[1], `workflow ${shortId(wfKey[1])}, node ${wfKey[2]}`)] : null);
     renderActions();
     fill(fields, Object.entries(task).filter(([k]) => !OWN_SECTIONS.has(k)).map(([k, v]) =>
       h("tr", { "data-field": k }, h("th", {}, k), h("td", { class: v === null ? "muted" : "mono" }, fieldText(k, v)))));
