@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -263,11 +264,11 @@ async def test_nodes_on_queues_of_other_primaries(queue: Queue, settings: Settin
     assert {n.queue for n in wf.nodes} == set(names)
 
 
-async def test_a_node_refused_at_its_release_fails_its_workflow(
+async def test_a_node_expired_at_its_release_ends_its_workflow_expired(
     queue: Queue, settings: Settings, r: Redis
 ) -> None:
-    """A node whose task cannot be queued at its release (its queue is full) waits for room; one
-    expired by then ends EXPIRED, and its workflow with it."""
+    """A node whose deadline passed before its dependencies allowed it ends expired at its
+    release (its task is made expired), and its workflow with it."""
     gate = asyncio.Event()
 
     async def hold(payload: dict[str, Any], ctx: TaskContext) -> None:
@@ -275,8 +276,6 @@ async def test_a_node_refused_at_its_release_fails_its_workflow(
 
     now = await queue.now()
     soon = now.timestamp() + 1.0
-    from datetime import UTC, datetime
-
     expires = datetime.fromtimestamp(soon, UTC)
     wf = await queue.submit_workflow(
         chain(node("a", "hold"), node("b", "hold", expires_at=expires))
