@@ -118,6 +118,7 @@ export function workflowView(root, shared, id) {
         body))));
 
   let wf = null;
+  let taskIds = new Set(); // the nodes' task ids, to pick their events out of the stream
   let alive = true;
   let drawn = ""; // the statuses last drawn: the SVG is rebuilt only when one changed
 
@@ -126,6 +127,7 @@ export function workflowView(root, shared, id) {
       const got = await api.workflow(id);
       if (!alive) return;
       wf = got;
+      taskIds = new Set(got.nodes.map((n) => n.task_id));
       fill(banner);
       render();
     } catch (err) {
@@ -177,7 +179,7 @@ export function workflowView(root, shared, id) {
     onEvent(event) {
       if (!wf) return;
       const meta = event.metadata || {}; // WORKFLOW_* events: {workflow_id, status}
-      if (meta.workflow_id === id || wf.nodes.some((n) => n.task_id === event.task_id)) refresh();
+      if (meta.workflow_id === id || taskIds.has(event.task_id)) refresh();
     },
     destroy() {
       alive = false;
