@@ -103,26 +103,24 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def task_id(text: str) -> str:
+def _hex_id(text: str, what: str) -> str:
+    """A task or workflow id: 32 hexadecimal characters (both are made the same way)."""
     from dtq.models import TASK_ID_RE
 
     value = text.strip().lower()
     if not TASK_ID_RE.fullmatch(value):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a task id (32 hexadecimal characters, as submit prints)"
+            f"{text!r} is not a {what} id (32 hexadecimal characters, as submit prints)"
         )
     return value
+
+
+def task_id(text: str) -> str:
+    return _hex_id(text, "task")
 
 
 def workflow_id(text: str) -> str:
-    from dtq.models import TASK_ID_RE
-
-    value = text.strip().lower()
-    if not TASK_ID_RE.fullmatch(value):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a workflow id (32 hexadecimal characters, as submit prints)"
-        )
-    return value
+    return _hex_id(text, "workflow")
 
 
 def queue_name(text: str) -> str:
