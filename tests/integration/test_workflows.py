@@ -20,6 +20,7 @@ from dtq.errors import InvalidWorkflowError, WorkflowNotFoundError
 from dtq.workflows import WorkflowSpec
 from dtq_tasks import PermanentError, RetryableError, TaskContext
 from support import running_worker, wait_until
+from support.events import Events
 from support.worker import fast, handlers
 
 pytestmark = pytest.mark.backends("single", "cluster")
@@ -334,3 +335,22 @@ async def test_an_unknown_workflow_is_not_found(queue: Queue) -> None:
         await queue.get_workflow("0" * 32)
     with pytest.raises(WorkflowNotFoundError):
         await queue.cancel_workflow("0" * 32)
+
+
+async def test_a_workflow_publishes_its_submit_and_its_end(
+    queue: Queue, settings: Settings, r: Redis
+) -> None:
+    log = Log()
+    async with Events(r, queues=("default", "other")) as events:
+        wf = await queue.submit_workflow(chain(node("a", "step"), node("b", "step", queue="other")))
+        async with running_worker(
+            fast(settings), handlers(step=log.step), queues=("default", "other")
+        ):
+            wf = await ended(queue, wf.workflow_id)
+            [done] = await events.wait_for("WORKFLOW_SUCCEEDED")
+        [submitted] = events.of("WORKFLOW_SUBMITTED")
+    assert submitted.metadata == {"workflow_id": wf.workflow_id, "status": "running", "nodes": 2}
+    assert done.metadata == {"workflow_id": wf.workflow_id, "status": "succeeded"}
+    assert done.queue == submitted.queue == "default"  # the home queue's channel
+    assert done.task_id is None and done.task_type is None
+    assert not events.of("WORKFLOW_FAILED")
