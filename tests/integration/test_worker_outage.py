@@ -53,6 +53,13 @@ async def test_an_outage_is_a_few_lines_and_the_worker_resumes(tmp_path: Path) -
             await wait_worker_ready(r, "worker-out00001")
             before = await queue.submit("sp_sleep", {"s": 0})
             await wait_status(r, before.task_id, "succeeded")
+
+            # The worker logs a task's end after its finish script has answered: wait for
+            # that line, so that it is not stamped inside the outage.
+            async def logged() -> bool:
+                return f"task {before.task_id} attempt 1: succeeded" in worker.output()
+
+            await wait_until(logged, 10, "the worker's line for the task before the outage")
         finally:
             await queue.close()
             await r.aclose()

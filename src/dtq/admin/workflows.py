@@ -65,10 +65,6 @@ class WorkflowReply(BaseModel):
     running: dict[str, str]  # task id -> node: the RELEASED nodes (op cancel)
 
 
-async def _call(store: Store, workflow_id: str, home: str, op: str, *args: Any) -> Any:
-    return await calls.workflow(store, workflow_id, home, op, *args)
-
-
 def _reply(raw: Sequence[Any]) -> WorkflowReply | None:
     if raw[0] == "gone":
         return None
@@ -135,7 +131,7 @@ async def submit_workflow(
         metadata = compact_json(spec.metadata)
     except (TypeError, ValueError) as exc:
         raise InvalidWorkflowError(f"metadata must be JSON: {exc}") from None
-    raw = await _call(
+    raw = await calls.workflow(
         store, workflow_id, home, "create", metadata, compact_json(nodes), actor, request_id
     )
     entry_id = raw[0]
@@ -243,7 +239,9 @@ async def apply_end(
         home = home or await _home(store, workflow_id)
     except WorkflowNotFoundError:
         return None
-    raw = await _call(store, workflow_id, home, "end", node, status, error_class, error_message)
+    raw = await calls.workflow(
+        store, workflow_id, home, "end", node, status, error_class, error_message
+    )
     return await _follow(store, workflow_id, home, raw)
 
 
@@ -400,7 +398,7 @@ async def cancel_workflow(
     returned as it is."""
     home = await _home(store, workflow_id)
     actor, request_id = ("", "") if audit is None else (audit.actor, audit.request_id or "")
-    raw = await _call(store, workflow_id, home, "cancel", actor, request_id)
+    raw = await calls.workflow(store, workflow_id, home, "cancel", actor, request_id)
     reply = await _follow(store, workflow_id, home, raw)
     if reply is not None:
         await _cancel_tasks(store, workflow_id, home, reply.running, audit)
