@@ -88,29 +88,32 @@ async def _beat_as(r: Redis, worker_id: str, heartbeat_interval_s: float) -> int
 async def test_a_restart_after_a_crash_waits_until_the_old_heartbeat_is_stale(
     spawn: Callable[..., WorkerProcess], r: Redis
 ) -> None:
-    env = {"HEARTBEAT_INTERVAL_S": 2.0, "VISIBILITY_TIMEOUT_S": 10.0}
+    # A beat is stale after 3 intervals: 15 s, more than a worker's start-up on a loaded
+    # machine, so that the restart started after a beat meets it fresh.
+    interval_s = 5.0
+    env = {"HEARTBEAT_INTERVAL_S": interval_s, "VISIBILITY_TIMEOUT_S": 20.0}
     a = spawn("worker-crash001", **env)
     await wait_worker_ready(r, "worker-crash001")
     a.signal(signal.SIGKILL)
     a.wait(5)
     # One stopped while it waits leaves as it came: exit 0, nothing written.
-    await _beat_as(r, "worker-crash001", 2.0)
+    await _beat_as(r, "worker-crash001", interval_s)
     early = spawn("worker-crash001", **env)
-    await wait_until(lambda: _logged(early, WAITING), 10, "the first restart waits")
+    await wait_until(lambda: _logged(early, WAITING), 14, "the first restart waits")
     early.signal(signal.SIGTERM)
     assert early.wait(10) == 0, early.output()
     assert await r.hget(keys.worker("worker-crash001"), "pid") == str(a.pid)
-    beat_ms = await _beat_as(r, "worker-crash001", 2.0)
+    beat_ms = await _beat_as(r, "worker-crash001", interval_s)
     b = spawn("worker-crash001", **env)
 
     async def b_ready() -> bool:
         h = await r.hgetall(keys.worker("worker-crash001"))
         return h.get("pid") == str(b.pid) and h.get("status") in {"ready", "busy"}
 
-    await wait_until(b_ready, 20, "the restarted worker serves")
+    await wait_until(b_ready, 40, "the restarted worker serves")
     # It started only once the crashed one's heartbeat was stale, not before.
     started_ms = int(await r.hget(keys.worker("worker-crash001"), "last_heartbeat_ms") or 0)
-    assert started_ms - beat_ms >= stale_after_ms(2.0) - 100
+    assert started_ms - beat_ms >= stale_after_ms(interval_s) - 100
     out = b.output()
     assert WAITING in out and "the previous holder of this id is gone" in out, out
 
