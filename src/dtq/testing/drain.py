@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from dtq import keys
@@ -262,18 +263,28 @@ async def _stopped(worker: Worker, run: asyncio.Task[None]) -> None:
     """Wait for a stopping ``worker``'s run, and meanwhile end its blocking reads at once
     (``CLIENT UNBLOCK``: a read returns as if it had timed out, delivering nothing) instead of
     letting each wait out its block: a drain stops in milliseconds. Only the connections named
-    after this worker are unblocked (:func:`_worker`); on a cluster the reads time out."""
+    after this worker are unblocked (:func:`_worker`); on a cluster the reads time out.
+
+    The unblocking goes through a client of its own, closed here: the worker closes its own
+    client as it stops, and a command sent on it after that opened a connection nobody closed."""
     name = _client_name(worker.worker_id)
-    while True:
-        done, _ = await asyncio.wait({run}, timeout=UNBLOCK_EVERY_S)
-        if done:
-            return run.result()
-        if keys.cluster_layout():
-            continue
-        with contextlib.suppress(RedisError):
-            for client in await worker.store.redis.client_list(_type="normal"):
-                if client.get("name") == name and "b" in client.get("flags", ""):
-                    await worker.store.redis.client_unblock(int(client["id"]))
+    unblocker: Redis | None = None
+    try:
+        while True:
+            done, _ = await asyncio.wait({run}, timeout=UNBLOCK_EVERY_S)
+            if done:
+                return run.result()
+            if keys.cluster_layout():
+                continue
+            if unblocker is None:
+                unblocker = worker_redis(worker.settings)
+            with contextlib.suppress(RedisError):
+                for client in await unblocker.client_list(_type="normal"):
+                    if client.get("name") == name and "b" in client.get("flags", ""):
+                        await unblocker.client_unblock(int(client["id"]))
+    finally:
+        if unblocker is not None:
+            await unblocker.aclose()
 
 
 def _client_name(worker_id: str) -> str:

@@ -63,8 +63,12 @@ class WorkflowRelay:
         try:
             await asyncio.gather(*loops)
         finally:
+            # Awaited, not only cancelled: a loop cancelled in its XREADGROUP drops that
+            # connection when it next runs, which must be before the worker closes its client
+            # (and, in a test, before the event loop ends: an unclosed socket otherwise).
             for t in loops:
                 t.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
 
     async def _queue_loop(self, queue: str, stopping: asyncio.Event) -> None:
         outbox = keys.wf_outbox(queue)
