@@ -323,8 +323,10 @@ async def test_retry_keeps_expires_at_and_expires_instead_of_running(
         raise RetryableError("again")
 
     s = fast(settings, retry_base_delay=2.0, retry_max_delay=2.0, retry_jitter=0.0)
-    task = await queue.submit("wt_f1", {}, max_attempts=5, ttl_seconds=1.0)
     async with running_worker(s, handlers(wt_f1=fail_once)):
+        # Submitted once the worker serves: a start-up slower than the 1 s TTL (a loaded
+        # machine) would let the task expire before its first attempt.
+        task = await queue.submit("wt_f1", {}, max_attempts=5, ttl_seconds=1.0)
         await wait_status(r, task.task_id, "retrying")
         assert await r.zscore(keys.expiry("default"), task.task_id) is not None
         h = await wait_status(r, task.task_id, "expired", timeout_s=5)
