@@ -33,7 +33,7 @@ VALKEY_TESTS := tests/integration/test_scripts.py tests/integration/test_worker_
 	tests/integration/test_schedules.py tests/integration/test_wait.py \
 	tests/integration/test_limits_enforced.py tests/integration/test_limit_sweep.py \
 	tests/integration/test_fairness.py tests/integration/test_workflows.py \
-	tests/integration/test_wf_outbox.py tests/chaos
+	tests/integration/test_wf_outbox.py tests/integration/test_batched_scripts.py tests/chaos
 
 # Both parts spread their tests over PYTEST_WORKERS processes (pytest-xdist), each with its own
 # private server: the suite waits on servers and subprocesses far more than it computes, so

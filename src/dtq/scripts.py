@@ -20,6 +20,13 @@ with (redis-py's ``execute_command`` would send the EVALSHA again, and submit, s
 claim_due or cancel run twice); only connecting, before anything is written, follows it.
 dtq's own clients pin retries off as well (:func:`dtq.connection.no_retry`).
 
+The calls of a batch to a script in :data:`BATCHED` (start, finish: one per entry of a worker's
+read or finish batch) go as one EVALSHA of ``<name>_batch`` per slot and up to
+:data:`BATCH_MAX` calls: that script runs the named script's body once per call, in order, each
+with its own keys and args and its own reply or error (``lua/_batch.lua``), so each call keeps
+its checks and writes while the per-EVALSHA cost in Redis is paid once. ``on_call`` still
+hears of each call by its own name.
+
 :meth:`Scripts.call_many_wait` sends ``WAIT numreplicas timeout`` after the calls, in the same
 write on the same connection: WAIT waits until replicas acknowledge the last write of the
 connection it runs on, so it must follow the scripts there, and it costs no round trip of its
@@ -90,6 +97,10 @@ SCRIPT_NAMES = (
 # with submit.lua's code, called as run_submit(KEYS, ARGV) (the parameters shadow the globals).
 EMBEDS = {"fire": ("run_submit", "submit")}
 
+# Scripts whose calls a batch packs into one call of "<name>_batch" (see the module's doc).
+BATCHED = ("start", "finish")
+BATCH_MAX = 64  # calls per batched script call: bounds how long one EVALSHA holds Redis
+
 Call = tuple[str, Sequence[str], Sequence[Any]]
 """(script name, keys, args) of one script call."""
 
@@ -123,6 +134,12 @@ class Scripts:
                 body = _read(name)
                 src = f"{lib}\nlocal function {fn}(KEYS, ARGV)\n{_read(inner)}\nend\n{body}"
             self.source[name] = src
+            if name in BATCHED:
+                self.source[f"{name}_batch"] = (
+                    f"{lib}\nlocal function run_one(KEYS, ARGV)\n{_read(name)}\nend\n"
+                    + _read("_batch")
+                )
+        for name, src in self.source.items():
             self.sha[name] = hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
         self._on_call = on_call
 
@@ -174,7 +191,8 @@ class Scripts:
     async def call_many(self, redis: Redis, calls: Sequence[Call]) -> list[Any]:
         """All calls in one round trip. Each result is the reply or the exception for that
         call. A lone call is a plain EVALSHA (an idle worker's wake-up, a single submit or
-        finish): no pipeline machinery on its way."""
+        finish): no pipeline machinery on its way. Calls to a :data:`BATCHED` script are
+        packed, per slot, into calls of its batched form (the module's doc)."""
         if not calls:
             return []
         if len(calls) == 1:
@@ -182,19 +200,18 @@ class Scripts:
                 return [await self._call_one(redis, *calls[0])]
             except ResponseError as exc:  # the script's error, for that call alone
                 return [exc]
+        units, packed = _pack(calls, isinstance(redis, RedisCluster))
         if isinstance(redis, RedisCluster):
-            results = await self._cluster_calls(redis, calls)
-            if self._on_call is not None:
-                for (name, _, _), r in zip(calls, results, strict=True):
-                    self._on_call(name, not isinstance(r, Exception))
-            return results
-        results = await self._send(redis, calls)
-        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-        if missing:
-            await self.load(redis)
-            again = await self._send(redis, [calls[i] for i in missing])
-            for i, r in zip(missing, again, strict=True):
-                results[i] = r
+            sent = await self._cluster_calls(redis, units)
+        else:
+            sent = await self._send(redis, units)
+            missing = [i for i, r in enumerate(sent) if isinstance(r, NoScriptError)]
+            if missing:
+                await self.load(redis)
+                again = await self._send(redis, [units[i] for i in missing])
+                for i, r in zip(missing, again, strict=True):
+                    sent[i] = r
+        results = _unpack(len(calls), packed, sent)
         if self._on_call is not None:
             for (name, _, _), r in zip(calls, results, strict=True):
                 self._on_call(name, not isinstance(r, Exception))
@@ -367,6 +384,67 @@ class Scripts:
             tail = [replies.pop()] if wait else []
             return [*replies[1::2], *tail]
         return replies
+
+
+Packed = list[tuple[int, ...] | int]
+"""For each call :func:`_pack` made, the index of the call it is, or (a batched call) the
+indexes of the calls it stands for, in order."""
+
+
+def _pack(calls: Sequence[Call], cluster: bool) -> tuple[Sequence[Call], Packed | None]:
+    """The calls to send for ``calls``: each call to a :data:`BATCHED` script joins the others
+    to that script (of its slot, on a cluster) in one call of ``<name>_batch``, up to
+    :data:`BATCH_MAX` each; any other call, or one alone of its kind, goes as it is. None for
+    the second: nothing was packed, the calls go as they are."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, (name, k, _) in enumerate(calls):
+        if name in BATCHED:
+            groups.setdefault((name, slot(k[0]) if cluster else 0), []).append(i)
+    if all(len(idx) == 1 for idx in groups.values()):
+        return calls, None
+    units: list[Call] = []
+    packed: Packed = []
+    for i, call in enumerate(calls):
+        if call[0] not in BATCHED:
+            units.append(call)
+            packed.append(i)
+    for (name, _), idx in groups.items():
+        for at in range(0, len(idx), BATCH_MAX):
+            chunk = idx[at : at + BATCH_MAX]
+            if len(chunk) == 1:
+                units.append(calls[chunk[0]])
+                packed.append(chunk[0])
+                continue
+            all_keys: list[str] = []
+            head: list[Any] = [len(chunk)]
+            args: list[Any] = []
+            for i in chunk:
+                _, k, a = calls[i]
+                head += (len(k), len(a))
+                all_keys += k
+                args += a
+            units.append((f"{name}_batch", all_keys, head + args))
+            packed.append(tuple(chunk))
+    return units, packed
+
+
+def _unpack(n: int, packed: Packed | None, sent: list[Any]) -> list[Any]:
+    """The result of each of ``n`` calls from the replies to the calls :func:`_pack` made: a
+    batched call's reply is its calls' replies in order; an error of the whole batched call
+    (it did not run, or Redis refused it) is each of its calls' error."""
+    if packed is None:
+        return sent
+    results: list[Any] = [None] * n
+    for at, reply in zip(packed, sent, strict=True):
+        if isinstance(at, int):
+            results[at] = reply
+        elif isinstance(reply, Exception):
+            for i in at:
+                results[i] = reply
+        else:
+            for i, r in zip(at, reply, strict=True):
+                results[i] = r
+    return results
 
 
 _REDIRECTS = 5  # MOVED / ASK / NOSCRIPT rounds a cluster batch follows before giving up

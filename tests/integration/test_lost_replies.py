@@ -67,7 +67,10 @@ async def test_a_lost_start_reply_resumes_its_tasks_without_an_attempt(
     settings: Settings, r: Redis, queue: Queue, wire: type[LosingConnection]
 ) -> None:
     ids = [(await queue.submit("rec", {"i": i}, max_attempts=1)).task_id for i in range(3)]
-    wire.lose_next_script_reply, wire.lose_only = True, (SHA["start"].encode(),)
+    wire.lose_next_script_reply, wire.lose_only = (
+        True,
+        (SHA["start_batch"].encode(),),
+    )  # its three starts, one call
     ran: list[tuple[str, int]] = []
     async with started(worker_on_the_wire(fast(settings), ran)):
         await run_once_each(r, ids, ran)

@@ -12,7 +12,7 @@ from redis.exceptions import ResponseError
 from dtq import Queue, keys
 from dtq.metrics import count_commands
 from dtq.models import Task
-from dtq.scripts import SCRIPT_NAMES, Scripts
+from dtq.scripts import BATCHED, SCRIPT_NAMES, Scripts
 from dtq.store import SUBMIT_CHUNK
 
 
@@ -37,12 +37,20 @@ def test_every_lua_file_is_a_known_script() -> None:
         f"never loaded: {files - set(SCRIPT_NAMES)}; no file: {set(SCRIPT_NAMES) - files}"
     )
     scripts = Scripts()
-    assert set(scripts.source) == files
+    assert set(scripts.source) == files | {f"{name}_batch" for name in BATCHED}
     lua = resources.files("dtq").joinpath("lua")
     lib = lua.joinpath("_lib.lua").read_text()
+    batch = lua.joinpath("_batch.lua").read_text()
     for name, src in scripts.source.items():
-        # The library, then the script's own file; the SHA is the one Redis computes for it.
-        assert src.startswith(lib) and src.endswith(lua.joinpath(f"{name}.lua").read_text()), name
+        # The library, then the script's own file (a batched form: that file's body as a
+        # function, then _batch.lua); the SHA is the one Redis computes for it.
+        own = name.removesuffix("_batch")
+        body = lua.joinpath(f"{own}.lua").read_text()
+        assert src.startswith(lib), name
+        if own == name:
+            assert src.endswith(body), name
+        else:
+            assert src.endswith(batch) and body in src, name
         assert scripts.sha[name] == hashlib.sha1(src.encode()).hexdigest(), name
 
 

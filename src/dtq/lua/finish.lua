@@ -1,5 +1,6 @@
 -- finish.lua: record the end of one execution, then XACK + XDEL its entry (DESIGN 3, 4;
 -- contract sections 3, 4, 5). One atomic step: a crash leaves either nothing or everything.
+-- The finishes of one round trip run in one EVALSHA of its batched form (_batch.lua).
 --
 -- Fencing first: the entry must still be pending for this consumer (XPENDING on that one id),
 -- and the hash must still be RUNNING this entry at this attempt. Otherwise this worker's lease
@@ -226,7 +227,8 @@ if not deleted then
   redis.call('XDEL', KEYS[3], entry_id)
 end
 redis.call('SREM', KEYS[9], task_id)
-if retention then redis.call('ZREM', KEYS[5], task_id) end
+-- Its start removed the expiry member; one a deadline gives is removed again (a safety net).
+if retention and h[8] then redis.call('ZREM', KEYS[5], task_id) end
 local freed = nil  -- "1": a place's waiter was made due (the reply's third element)
 for i = 1, tonumber(ARGV[22]) or 0 do
   if redis.call('ZREM', KEYS[11 + 3 * i], task_id) == 1

@@ -1,5 +1,6 @@
 -- start.lua: the pre-execution checks of one delivered stream entry, then RUNNING
--- (contract section 6, DESIGN 3, 4, 6). One call per entry, pipelined per read batch.
+-- (contract section 6, DESIGN 3, 4, 6). One call per entry; a read batch's calls run in one
+-- EVALSHA of its batched form (_batch.lua, docs/redis-schema.md "Scripts").
 -- Fencing first, as in finish.lua: the entry must be pending for this consumer (XPENDING on
 -- that one id). Otherwise another worker reclaimed it while this one stalled between its read
 -- and this script (or it was acknowledged meanwhile): nothing is written or acknowledged, so a
@@ -276,7 +277,9 @@ if prev > 0 then
     'retryable')
 end
 persist(KEYS[1], KEYS[8])
-redis.call('ZREM', KEYS[5], task_id)
+-- Only a task with a deadline has an expiry member (submit, promote, finish and dlq_requeue
+-- add one only then; a stray one the sweep drops, the task being RUNNING).
+if h[6] then redis.call('ZREM', KEYS[5], task_id) end
 redis.call('XCLAIM', KEYS[3], group, worker, 0, entry_id, 'IDLE', 0, 'JUSTID')
 local reason = status == 'running' and 'redelivered' or 'started'
 hist(KEYS[2], nil, ts, status, 'running', attempt, worker, reason)
