@@ -195,6 +195,7 @@ class Env:
     drain_rate: dict[str, float] = field(default_factory=dict)
     concurrency: int = 128  # the worker's --concurrency; the drain scenario picks the best
     enqueue_rate: float = 5_000.0  # submit_many tasks/s, to size waits (measured when known)
+    launcher: tuple[str, ...] = ()  # a prefix of every child's command (bench.callgrind)
     _children: list[Managed] = field(default_factory=list)
 
     @property
@@ -220,7 +221,7 @@ class Env:
         log = self.work_dir / f"{name}-{len(self._children)}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, *args],
+                [*self.launcher, sys.executable, *args],
                 cwd=ROOT,
                 env=self.child_env(**extra_env),
                 stdin=subprocess.DEVNULL,

@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from redis.asyncio import Redis
 
+from bench import callgrind
 from bench.harness import NOOP_TASK, PAYLOAD_100B
 from bench.profile import redis_cpu_s
 from dtq import Queue, calls, connect, keys, scripts
@@ -39,14 +39,6 @@ from dtq.scripts import Scripts
 from dtq.store import Store
 
 VARIANTS = ("per-call", "batched")
-
-
-def _callgrind(pid: int, state: str) -> None:
-    """Instrumentation on, or off and the counts so far dumped (to a numbered file)."""
-    control = ["callgrind_control", "-i", state, str(pid)]
-    subprocess.run(control, check=True, capture_output=True, timeout=60)
-    if state == "off":
-        subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
 
 
 async def one_round(
@@ -69,7 +61,7 @@ async def one_round(
             await q.submit_many(items)
         stream = keys.stream("default", 5)
         if counting:
-            _callgrind(pid, "on")
+            callgrind.switch(pid, on=True)
         redis0, client0 = redis_cpu_s(pid), time.process_time()
         done = 0
         while done < n:
@@ -86,7 +78,7 @@ async def one_round(
             await calls.finish_many(store, finishes)
             done += len(ready)
         if counting:
-            _callgrind(pid, "off")
+            callgrind.switch(pid, on=False)
         redis_us = (redis_cpu_s(pid) - redis0) / n * 1e6
         client_us = (time.process_time() - client0) / n * 1e6
         await r.flushall()
@@ -124,42 +116,14 @@ async def main(n: int, rounds: int, batch: int) -> None:
             server.stop()
 
 
-def _instructions(folder: Path, annotate: bool) -> int:
-    """The instructions the dumps in ``folder`` counted; ``annotate``: print the functions
-    that ran the most of them themselves (callgrind_annotate)."""
-    dumps = sorted(folder.glob("callgrind.out*"))
-    if annotate:
-        for dump in dumps:
-            report = subprocess.run(
-                ["callgrind_annotate", str(dump)],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            if "Ir" in report and " 0 (" not in report.splitlines()[0]:
-                print("\n".join(report.splitlines()[:60]))
-    return sum(
-        int(line.split()[1])
-        for dump in dumps
-        for line in dump.read_text().splitlines()
-        if line.startswith("totals:")
-    )
-
-
 async def count(n: int, batch: int, annotate: bool = False) -> None:
     """One server under callgrind per variant; its instructions per task while the scripts
     run."""
     for v in VARIANTS:
         with tempfile.TemporaryDirectory(prefix="dtq-scripts-cg-") as tmp:
-            out = Path(tmp) / "callgrind.out"
-            wrapper = Path(tmp) / "redis-server"
-            server_bin = find_redis_server()
-            wrapper.write_text(
-                "#!/bin/sh\nexec valgrind --tool=callgrind --instr-atstart=no "
-                f'--callgrind-out-file={out} {server_bin} "$@"\n'
-            )
-            wrapper.chmod(0o755)
-            server = start_redis(Path(tmp), binary=str(wrapper), timeout_s=120)
+            out = Path(tmp)
+            wrapper = callgrind.server_wrapper(out, find_redis_server())
+            server = start_redis(out, binary=wrapper, timeout_s=120)
             try:
                 settings = Settings(redis_url=server.url, max_queue_depth=1_000_000)
                 r = Redis.from_url(server.url, decode_responses=True)
@@ -170,7 +134,9 @@ async def count(n: int, batch: int, annotate: bool = False) -> None:
                 await r.aclose()
             finally:
                 server.stop(timeout_s=120)
-            instructions = _instructions(Path(tmp), annotate)
+            if annotate:
+                print(callgrind.annotate(out, "redis"))
+            instructions = callgrind.instructions(out, "redis")
             print(f"  {v}: redis instructions/task {instructions / n:,.0f}")
 
 
