@@ -15,13 +15,18 @@ task (``time.process_time``), both microseconds.
 load does not move: each variant gets a server of its own run under valgrind's callgrind,
 counting only while the scripts run (``callgrind_control -i``); one round per variant is exact
 to within the server's own timers. Printed: instructions per task; ``--annotate`` adds the
-functions that ran the most of them themselves (callgrind_annotate).
+functions that ran the most of them themselves (callgrind_annotate). This process's own
+instructions too, when it runs under callgrind itself:
+
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/tmp/cg/client.out \
+        .venv/bin/python -m bench.scripts_ab --callgrind --client-dumps /tmp/cg
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -39,6 +44,8 @@ from dtq.scripts import Scripts
 from dtq.store import Store
 
 VARIANTS = ("per-call", "batched")
+# --client-dumps: this process runs under callgrind, its dumps there as client.out*
+CLIENT_DUMPS: Path | None = None
 
 
 async def one_round(
@@ -62,6 +69,8 @@ async def one_round(
         stream = keys.stream("default", 5)
         if counting:
             callgrind.switch(pid, on=True)
+            if CLIENT_DUMPS is not None:
+                callgrind.switch(os.getpid(), on=True)
         redis0, client0 = redis_cpu_s(pid), time.process_time()
         done = 0
         while done < n:
@@ -79,6 +88,8 @@ async def one_round(
             done += len(ready)
         if counting:
             callgrind.switch(pid, on=False)
+            if CLIENT_DUMPS is not None:
+                callgrind.switch(os.getpid(), on=False)
         redis_us = (redis_cpu_s(pid) - redis0) / n * 1e6
         client_us = (time.process_time() - client0) / n * 1e6
         await r.flushall()
@@ -129,6 +140,9 @@ async def count(n: int, batch: int, annotate: bool = False) -> None:
                 r = Redis.from_url(server.url, decode_responses=True)
                 q = await connect(settings=settings)
                 await one_round(r, q, settings, server.pid, 200, batch, v)  # warm
+                client_before = (
+                    callgrind.instructions(CLIENT_DUMPS, "client") if CLIENT_DUMPS else 0
+                )
                 await one_round(r, q, settings, server.pid, n, batch, v, counting=True)
                 await q.close()
                 await r.aclose()
@@ -137,7 +151,11 @@ async def count(n: int, batch: int, annotate: bool = False) -> None:
             if annotate:
                 print(callgrind.annotate(out, "redis"))
             instructions = callgrind.instructions(out, "redis")
-            print(f"  {v}: redis instructions/task {instructions / n:,.0f}")
+            line = f"  {v}: redis instructions/task {instructions / n:,.0f}"
+            if CLIENT_DUMPS is not None:
+                client = callgrind.instructions(CLIENT_DUMPS, "client")
+                line += f", client {(client - client_before) / n:,.0f}"
+            print(line)
 
 
 if __name__ == "__main__":
@@ -146,8 +164,10 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--callgrind", action="store_true")
+    parser.add_argument("--client-dumps", type=Path, help="with --callgrind: see the doc")
     parser.add_argument("--annotate", action="store_true", help="with --callgrind: the top")
     args = parser.parse_args()
+    CLIENT_DUMPS = args.client_dumps
     if args.callgrind:
         asyncio.run(count(args.n, args.batch, args.annotate))
     else:

@@ -41,6 +41,7 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 from importlib import resources
+from operator import itemgetter
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
@@ -415,17 +416,53 @@ def _pack(calls: Sequence[Call], cluster: bool) -> tuple[Sequence[Call], Packed 
                 units.append(calls[chunk[0]])
                 packed.append(chunk[0])
                 continue
-            all_keys: list[str] = []
-            head: list[Any] = [len(chunk)]
-            args: list[Any] = []
-            for i in chunk:
-                _, k, a = calls[i]
-                head += (len(k), len(a))
-                all_keys += k
-                args += a
-            units.append((f"{name}_batch", all_keys, head + args))
+            units.append(_batch_call(name, [calls[i] for i in chunk]))
             packed.append(tuple(chunk))
     return units, packed
+
+
+def _shared(rows: Sequence[Sequence[Any]]) -> tuple[list[int], list[Any], list[list[Any]]]:
+    """The positions (0-based) at which every row holds the same value (of the same type), up
+    to the shortest row; those values; and each row without them."""
+    cols = list(zip(*rows, strict=False))  # the shortest row's length
+    n = len(rows)
+    at = [
+        j
+        for j, col in enumerate(cols)
+        if col.count(col[0]) == n and len({type(v) for v in col}) == 1
+    ]
+    if not at:
+        return at, [], [list(r) for r in rows]
+    values = [cols[j][0] for j in at]
+    skip = set(at)
+    keep = [j for j in range(len(cols)) if j not in skip]
+    width = len(cols)
+    if not keep:
+        return at, values, [list(r[width:]) for r in rows]
+    if len(keep) == 1:
+        j = keep[0]
+        return at, values, [[r[j], *r[width:]] for r in rows]
+    get = itemgetter(*keep)
+    return at, values, [[*get(r), *r[width:]] for r in rows]
+
+
+def _batch_call(name: str, calls: Sequence[Call]) -> Call:
+    """One call of ``<name>_batch`` for ``calls`` (lua/_batch.lua has the layout): the keys
+    and args every call has at the same place sent once, the rest per call."""
+    kat, kval, kown = _shared([c[1] for c in calls])
+    aat, aval, aown = _shared([c[2] for c in calls])
+    all_keys: list[Any] = list(kval)
+    argv: list[Any] = [len(calls), len(kat), len(aat)]
+    argv += [j + 1 for j in kat]
+    argv += [j + 1 for j in aat]
+    argv += aval
+    for k, a in zip(kown, aown, strict=True):
+        argv += (len(k), len(a))
+    for k in kown:
+        all_keys += k
+    for a in aown:
+        argv += a
+    return (f"{name}_batch", all_keys, argv)
 
 
 def _unpack(n: int, packed: Packed | None, sent: list[Any]) -> list[Any]:

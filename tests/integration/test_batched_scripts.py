@@ -12,9 +12,17 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ResponseError
 
 from dtq import Queue, connect, keys
-from dtq.calls import Entry, Outcome, StartReply, finish_call, finish_many, start_many
+from dtq.calls import (
+    Entry,
+    LimitUse,
+    Outcome,
+    StartReply,
+    finish_call,
+    finish_many,
+    start_many,
+)
 from dtq.config import Settings
-from dtq.scripts import BATCH_MAX, Scripts
+from dtq.scripts import BATCH_MAX, Scripts, _shared
 from dtq.store import Store
 from support.worker import read_as
 
@@ -139,3 +147,33 @@ async def test_every_call_of_a_batch_that_raises_gets_its_error(r: Redis) -> Non
     results = await scripts.call_many(r, [bad, bad])
     assert len(results) == 2, results
     assert all(isinstance(x, ResponseError) and "WRONGTYPE" in str(x) for x in results), results
+
+
+async def test_calls_of_different_lengths_share_only_what_they_all_have(
+    queue: Queue, r: Redis, settings: Settings
+) -> None:
+    """Every other entry meets a limit of one place (its start has four keys and five args
+    more): the first of those runs, the second is parked for the place, the others run; each
+    call got its own keys and args back whole, shared or not."""
+    for i in range(6):
+        await queue.submit("echo_task", {"i": i})
+    entries = await read_all(r, "w-1", "default", 6)
+    one = LimitUse("one", keys.limit_state("default", "one"), 0, 0, 1)
+    replies = await start_many(
+        Store(r, Scripts(), settings),
+        entries,
+        "w-1",
+        limits=lambda e: (one,) if entries.index(e) % 2 == 0 else (),
+    )
+    assert kinds(replies) == ["run", "run", "throttled", "run", "throttled", "run"]
+    running = await r.zrange(keys.limit_state("default", "one") + ":running", 0, -1)
+    assert running == [entries[0].task_id]
+    waiting = await r.zrange(keys.limit_state("default", "one") + ":waiting", 0, -1)
+    assert waiting == [entries[2].task_id, entries[4].task_id]
+
+
+def test_only_equal_values_of_one_type_are_shared() -> None:
+    at, values, own = _shared([["a", 1, "x", 5], ["a", "1", "x"], ["a", 1.0, "x", 6, 7]])
+    assert (at, values) == ([0, 2], ["a", "x"])  # 1, "1" and 1.0 are three values
+    assert own == [[1, 5], ["1"], [1.0, 6, 7]]
+    assert _shared([[True, 2], [1, 2]]) == ([1], [2], [[True], [1]])
