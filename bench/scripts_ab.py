@@ -39,6 +39,7 @@ from bench.harness import NOOP_TASK, PAYLOAD_100B
 from bench.profile import redis_cpu_s
 from dtq import Queue, calls, connect, keys, scripts
 from dtq.config import Settings
+from dtq.connection import async_client
 from dtq.devserver import find_redis_server, start_redis
 from dtq.scripts import Scripts
 from dtq.store import Store
@@ -103,7 +104,7 @@ async def main(n: int, rounds: int, batch: int) -> None:
         server = start_redis(Path(tmp))
         try:
             settings = Settings(redis_url=server.url, max_queue_depth=1_000_000)
-            r = Redis.from_url(server.url, decode_responses=True)
+            r = async_client(settings)  # what a worker uses: hiredis packing
             q = await connect(settings=settings)
             seen: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
             await one_round(r, q, settings, server.pid, 1000, batch, "batched")  # warm
@@ -137,7 +138,7 @@ async def count(n: int, batch: int, annotate: bool = False) -> None:
             server = start_redis(out, binary=wrapper, timeout_s=120)
             try:
                 settings = Settings(redis_url=server.url, max_queue_depth=1_000_000)
-                r = Redis.from_url(server.url, decode_responses=True)
+                r = async_client(settings)  # what a worker uses: hiredis packing
                 q = await connect(settings=settings)
                 await one_round(r, q, settings, server.pid, 200, batch, v)  # warm
                 client_before = (
