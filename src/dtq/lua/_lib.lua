@@ -125,8 +125,8 @@ local function entry_fence(stream, group, entry_id, worker)
 end
 
 -- A place of a limit came free (docs/limits.md, "How a limit is enforced"): the first task
--- parked for a place (highest priority, then parked longest) is made due now in the retry
--- schedule, for the scheduler to promote. A member no longer in the schedule (cancelled,
+-- parked for a place (highest priority, then parked longest, to the ms) is made due now in the
+-- retry schedule, for the scheduler to promote. A member no longer in the schedule (cancelled,
 -- expired, or promoted by its own re-check meanwhile) is dropped and the next one taken.
 -- True when a waiter was made due: the worker then promotes it at once (without waiting for
 -- the scheduler's next pass).
@@ -184,11 +184,14 @@ end
 -- deletes (the stream holds the ends not applied yet). Any other task pays one HMGET of four
 -- fields for both. Scripts that leave a task terminal as it was (a DLQ discard or purge) pass
 -- neither key: its end was told when it was reached.
-local function retain(hash_key, old_payload_key, retention_s, done_key, outbox_key)
+-- `known`: those four fields ({waited, idempotency_key, status, task_id}) when the caller has
+-- them already (finish.lua read them in its first HMGET, and set the status): no HMGET then.
+local function retain(hash_key, old_payload_key, retention_s, done_key, outbox_key, known)
   own_payload(hash_key, old_payload_key)
   redis.call('EXPIRE', hash_key, retention_s)
   if not done_key then return end
-  local h = redis.call('HMGET', hash_key, 'waited', 'idempotency_key', 'status', 'task_id')
+  local h = known or redis.call('HMGET', hash_key, 'waited', 'idempotency_key', 'status',
+    'task_id')
   if h[1] then
     redis.call('DEL', done_key)
     redis.call('XADD', done_key, '*', 'status', h[3])

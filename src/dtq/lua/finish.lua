@@ -69,7 +69,7 @@ local fenced, deleted = entry_fence(KEYS[3], group, entry_id, worker)
 if fenced then return {'fenced', fenced} end
 local h = redis.call('HMGET', KEYS[1], 'status', 'entry_id', 'attempt', 'max_attempts',
   'queue', 'task_type', 'idempotency_key', 'expires_at_ms', 'cancel_requested', 'worker_id',
-  'throttled_at_ms')
+  'throttled_at_ms', 'waited')
 if not h[1] then return {'fenced', 'missing'} end
 if h[1] ~= 'running' then return {'fenced', 'status:' .. h[1]} end
 if h[2] ~= entry_id then return {'fenced', 'entry'} end
@@ -221,7 +221,11 @@ end
 -- (DESIGN 11).
 if to == 'retrying' or to == 'pending' then retention = nil end
 redis.call('HSET', KEYS[1], unpack(fields))
-if retention then retain(KEYS[1], KEYS[10], retention, KEYS[11], KEYS[12]) else persist(KEYS[1], KEYS[10]) end
+if retention then
+  retain(KEYS[1], KEYS[10], retention, KEYS[11], KEYS[12], {h[12], h[7], to, task_id})
+else
+  persist(KEYS[1], KEYS[10])
+end
 if not deleted then
   redis.call('XACK', KEYS[3], group, entry_id)
   redis.call('XDEL', KEYS[3], entry_id)
